@@ -1,0 +1,276 @@
+"""The v1 contract as pydantic models: validation, documentation and OpenAPI schema at once.
+
+Core field names come from ARCHITECTURE.md and are never renamed. Type rules live here
+(pydantic reports them with their field path); rules that span fields or need a registry
+(per-token lengths, segment ranges, duplicate ids, parameters of a named verifier) live in
+``service/validation.py`` so each error still names its exact path.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verifiers.base import FailureKind
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that must be finite: NaN or infinity in a reward is a 422, never a silent number."""
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class Contract(BaseModel):
+    """Base of request models: unknown fields are rejected so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Segment(Contract):
+    """A labelled token span of one rollout (for example ``think`` or ``answer``); end exclusive."""
+
+    label: Name = Field(description="Segment label that reward components can be routed to.")
+    start: int = Field(ge=0, description="First token index of the span.")
+    end: int = Field(ge=0, description="One past the last token index of the span.")
+
+
+class Turn(Contract):
+    """A token span of one turn of a multi-turn rollout; end exclusive."""
+
+    start: int = Field(ge=0, description="First token index of the turn.")
+    end: int = Field(ge=0, description="One past the last token index of the turn.")
+    reward: FiniteFloat | None = Field(None, description="Per-turn reward, for turn-level credit.")
+
+
+class Rollout(Contract):
+    """One completion of a group's prompt, with what verifiers and estimators need."""
+
+    rollout_id: Name = Field(description="Unique within the request; echoed in the response.")
+    completion: str | None = Field(None, description="Text the verifiers judge.")
+    num_tokens: int | None = Field(
+        None, ge=0, description="Response length in tokens; needed for dense and rle advantages. "
+        "Defaults to len(token_ids).")
+    token_ids: list[int] | None = Field(None, description="Response token ids (num_tokens entries).")
+    mask: list[int] | None = Field(
+        None, description="0/1 per token; advantages are exactly 0 where it is 0 "
+        "(tool or observation tokens).")
+    segments: list[Segment] | None = Field(
+        None, description="Labelled, non-overlapping token spans inside [0, num_tokens).")
+    turns: list[Turn] | None = Field(None, description="Turn spans of a multi-turn rollout.")
+    token_rewards: list[FiniteFloat] | None = Field(
+        None, description="Per-token rewards (num_tokens entries).")
+    values: list[FiniteFloat] | None = Field(
+        None, description="Per-token value estimates (num_tokens entries).")
+    reward: FiniteFloat | None = Field(
+        None, description="Precomputed scalar reward; enters the table as the component 'reward'.")
+    rewards: dict[Name, FiniteFloat | None] | None = Field(
+        None, description="Precomputed reward components by name; null means missing.")
+
+
+class Group(Contract):
+    """One prompt with its N rollouts and the reference the verifiers compare against."""
+
+    group_id: Name = Field(description="Unique within the request; echoed in the response.")
+    prompt: str = Field("", description="The prompt, for verifiers and judges that read it.")
+    reference: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Verifier references: math {'answer': ...}; exact_match {'answer': ...}.")
+    rollouts: list[Rollout] = Field(min_length=1, description="The group's rollouts (N >= 1).")
+
+
+class RewardSpec(Contract):
+    """One named reward component: which verifier computes it, its weight and parameters."""
+
+    name: Name = Field(description="Component name; keys of `rewards` and `status` in responses.")
+    verifier: str = Field(description="Verifier kind; see GET /v1/verifiers.")
+    weight: FiniteFloat = Field(1.0, description="Weight in the weighted sum of components.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Verifier parameters.")
+    segments: list[Name] | None = Field(
+        None, description="Segment labels this component's advantage is routed to "
+        "(token routing; not available in this release: a request using it gets 422).")
+    fallback: FiniteFloat | None = Field(
+        None, description="Reward used when this cell fails. Unset (default): a rollout with a "
+        "failed cell leaves its group's baseline and gets advantage 0.")
+    timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit per verifier call; defaults to the server's "
+        "REWARDD_VERIFIER_TIMEOUT_S and is capped by REWARDD_MAX_VERIFIER_TIMEOUT_S.")
+
+
+class Profile(str, Enum):
+    """Which trainer's numerical conventions to follow (ESTIMATORS.md, conventions table)."""
+
+    rewardd = "rewardd"
+    verl = "verl"
+    trl = "trl"
+    openrlhf = "openrlhf"
+
+
+OutputFormat = Literal["dense", "rle", "scalar", "none"]
+
+
+class AdvantageSpec(Contract):
+    """How rewards become per-token advantages."""
+
+    estimator: str = Field("grpo", description="Estimator name; see GET /v1/estimators.")
+    profile: Profile = Field(Profile.rewardd, description="Trainer conventions to reproduce.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Estimator parameters.")
+    aggregate: Literal["sum"] = Field(
+        "sum", description="Multi-reward aggregation: 'sum' is the weighted sum of components.")
+    output: OutputFormat = Field(
+        "rle", description="dense: floats per token; rle: [[value, length], ...]; "
+        "scalar: one float per rollout; none: no advantages.")
+    weights: dict[Name, FiniteFloat] = Field(
+        default_factory=dict,
+        description="Weights of precomputed components sent on rollouts (default 1.0 each).")
+
+
+class ScoreRequest(Contract):
+    """Body of POST /v1/score and POST /v1/jobs: verify every rollout, then advantages."""
+
+    run_id: Name | None = Field(None, description="Training run, for run state and metrics.")
+    groups: list[Group] = Field(min_length=1, description="Rollout groups, one per prompt.")
+    rewards: list[RewardSpec] = Field(min_length=1, description="Reward components to compute.")
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
+
+
+class RewardsRequest(Contract):
+    """Body of POST /v1/rewards: verify every rollout, no advantages."""
+
+    run_id: Name | None = None
+    groups: list[Group] = Field(min_length=1)
+    rewards: list[RewardSpec] = Field(min_length=1)
+
+
+class AdvantagesRequest(Contract):
+    """Body of POST /v1/advantages: advantages from rewards the rollouts already carry."""
+
+    run_id: Name | None = None
+    groups: list[Group] = Field(min_length=1)
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
+
+
+class VerifyRequest(Contract):
+    """Body of POST /v1/verify/{verifier}: one item, for debugging a verifier."""
+
+    completion: str = Field(description="Text to verify.")
+    reference: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    prompt: str = ""
+    num_tokens: int | None = Field(None, ge=0)
+    timeout_s: float | None = Field(None, gt=0)
+
+
+# ---- responses -----------------------------------------------------------------------------
+
+class CellStatus(BaseModel):
+    """Outcome of one (rollout, component) cell."""
+
+    ok: bool
+    error: FailureKind | None = Field(
+        None, description="timeout | crashed | error | invalid_reference | unavailable | "
+        "missing (no precomputed value); null when ok.")
+    detail: dict[str, Any] = Field(default_factory=dict)
+    fallback_used: bool = Field(False, description="The component's fallback reward was used.")
+
+
+class RunLength(BaseModel):
+    """Run-length encoded advantages: decodes bit-for-bit to the dense array."""
+
+    rle: list[tuple[float, int]]
+
+
+class RolloutResult(BaseModel):
+    rollout_id: str
+    reward: float | None = Field(
+        description="Weighted sum of components; null when the rollout was excluded.")
+    rewards: dict[str, float | None]
+    status: dict[str, CellStatus]
+    advantages: list[float] | RunLength | float | None = None
+    num_tokens: int | None = None
+    excluded: bool = Field(
+        False, description="A cell failed without fallback: the rollout left its group's "
+        "baseline and its advantages are 0.")
+
+
+class GroupDiagnostics(BaseModel):
+    zero_spread: bool = Field(description="All included rollouts have the same reward.")
+    filtered: bool = Field(
+        False, description="A requested filter marked this group (no filter is requested "
+        "in this release, so always false).")
+    singleton: bool = Field(description="Fewer than two rollouts entered the baseline.")
+    baseline_size: int = Field(description="Rollouts that entered the group baseline.")
+    excluded: list[str] = Field(default_factory=list, description="Excluded rollout ids.")
+    reward_mean: float | None = None
+    reward_std: float | None = None
+
+
+class GroupResult(BaseModel):
+    group_id: str
+    rollouts: list[RolloutResult]
+    diagnostics: GroupDiagnostics
+
+
+class Summary(BaseModel):
+    rollouts: int
+    groups: int
+    failed_cells: int
+    excluded_rollouts: int
+    zero_spread_groups: int
+    singleton_groups: int
+    zero_advantage_fraction: float | None = Field(
+        description="Fraction of rollouts whose advantages are all zero; null without advantages.")
+    reward_mean: float | None
+    reward_std: float | None
+    advantage_mean: float | None = None
+    advantage_std: float | None = None
+
+
+class ScoreResponse(BaseModel):
+    run_id: str | None = None
+    estimator: str | None = None
+    profile: Profile | None = None
+    groups: list[GroupResult]
+    summary: Summary
+
+
+class VerifyResponse(BaseModel):
+    ok: bool
+    reward: float | None
+    error: FailureKind | None
+    detail: dict[str, Any]
+
+
+class ParamInfo(BaseModel):
+    name: str
+    type: str
+    required: bool
+    default: Any = None
+    description: str | None = None
+
+
+class VerifierInfo(BaseModel):
+    name: str
+    description: str
+    reference_fields: dict[str, str]
+    params: list[ParamInfo]
+
+
+class EstimatorInfo(BaseModel):
+    name: str
+    formula: str
+    description: str
+    source: str
+    inputs: list[str]
+    params: list[ParamInfo]
+    profiles: dict[str, dict[str, Any]]
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    detail: list[ErrorItem] | str

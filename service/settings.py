@@ -1,0 +1,48 @@
+"""Configuration: one settings object read from ``REWARDD_*`` environment variables.
+
+The CLI mirrors these as flags (``rewardd serve --port 9000`` overrides ``REWARDD_PORT``);
+nothing else in the code base reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of a rewardd process. Field descriptions double as the CLI help."""
+
+    model_config = SettingsConfigDict(env_prefix="REWARDD_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address the API server binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the API server listens on.")
+    workers: int = Field(1, ge=1, description="Uvicorn worker processes for `rewardd serve`.")
+    broker_url: str | None = Field(
+        None, description="Celery broker URL; unset means the embedded executor (no Redis).")
+    pool_size: int = Field(
+        default_factory=lambda: max(1, os.cpu_count() or 1),
+        ge=1, description="Verifier worker processes of the embedded executor.")
+    verifier_timeout_s: float = Field(
+        10.0, gt=0, description="Default wall-clock limit of one verifier call, in seconds.")
+    max_verifier_timeout_s: float = Field(
+        120.0, gt=0, description="Upper bound a request may set with a reward's `timeout_s`.")
+    max_body_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="Largest accepted request body; larger gets 413.")
+    plugins: str = Field(
+        "", description="Comma-separated modules imported by the API and every verifier "
+        "worker; a plugin calls verifiers.register() to add a verifier kind.")
+    log_level: str = Field("info", description="Log level of the server.")
+
+    @property
+    def plugin_modules(self) -> list[str]:
+        return [name.strip() for name in self.plugins.split(",") if name.strip()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
