@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,8 +21,6 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address the API server binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port the API server listens on.")
     workers: int = Field(1, ge=1, description="Uvicorn worker processes for `rewardd serve`.")
-    broker_url: str | None = Field(
-        None, description="Celery broker URL; unset means the embedded executor (no Redis).")
     pool_size: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1),
         ge=1, description="Verifier worker processes of the embedded executor.")
@@ -35,6 +33,11 @@ class Settings(BaseSettings):
     plugins: str = Field(
         "", description="Comma-separated modules imported by the API and every verifier "
         "worker; a plugin calls verifiers.register() to add a verifier kind.")
+    prometheus_multiproc_dir: str | None = Field(
+        None, validation_alias=AliasChoices("REWARDD_PROMETHEUS_MULTIPROC_DIR",
+                                            "PROMETHEUS_MULTIPROC_DIR"),
+        description="Shared directory for metrics of several server processes "
+        "(set by `rewardd serve` when --workers > 1).")
     log_level: str = Field("info", description="Log level of the server.")
 
     @property

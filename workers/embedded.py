@@ -76,10 +76,8 @@ class EmbeddedExecutor(Executor):
         return result
 
     async def ready(self) -> bool:
-        if not self._pool.active:
-            return False
-        fut = self._pool.schedule(ping_task, timeout=5.0)
         try:
+            fut = self._pool.schedule(ping_task, timeout=5.0)
             return await asyncio.wrap_future(fut) == "pong"
         except Exception:  # any failure of the probe means not ready
             return False

@@ -1,0 +1,37 @@
+"""OpenAPI description of bodies the routes read themselves (JSON or msgpack).
+
+Routes read bodies with :func:`service.codec.read_model`, so FastAPI cannot infer their
+schemas; these helpers state them, and :mod:`service.openapi` adds the models to the
+document's components.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from service.codec import JSON, MSGPACK
+from service.models import ErrorResponse
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose body is ``model`` in JSON or msgpack."""
+    schema = _ref(model)
+    return {"requestBody": {"required": True, "content": {
+        JSON: {"schema": schema}, MSGPACK: {"schema": schema}}}}
+
+
+def responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The 200 body (JSON or msgpack by Accept) and the documented error bodies."""
+    return {
+        200: {"model": model, "content": {MSGPACK: {"schema": _ref(model)}}},
+        400: {"model": ErrorResponse, "description": "Body is not valid JSON or msgpack."},
+        413: {"model": ErrorResponse, "description": "Body over REWARDD_MAX_BODY_BYTES."},
+        415: {"model": ErrorResponse, "description": "Unsupported Content-Type."},
+        422: {"model": ErrorResponse, "description": "Invalid field: loc names it, msg says why."},
+    }

@@ -1,0 +1,48 @@
+"""GET /v1/verifiers and GET /v1/estimators: what can be asked for, with every parameter."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from service.advantages import ESTIMATORS, PROFILES
+from service.models import EstimatorInfo, ParamInfo, VerifierInfo
+from verifiers import REGISTRY
+
+router = APIRouter(prefix="/v1", tags=["catalogue"])
+
+
+def _type_name(annotation: Any) -> str:
+    text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
+    return re.sub(r"\btyping\.", "", text)
+
+
+def param_infos(model: type[BaseModel]) -> list[ParamInfo]:
+    """Name, type, default and description of every parameter of ``model``."""
+    infos = []
+    for name, field in model.model_fields.items():
+        default = None if field.default is PydanticUndefined else field.default
+        infos.append(ParamInfo(name=name, type=_type_name(field.annotation),
+                               required=field.is_required(), default=default,
+                               description=field.description))
+    return infos
+
+
+@router.get("/verifiers", response_model=list[VerifierInfo], summary="Verifier kinds")
+def list_verifiers() -> list[VerifierInfo]:
+    return [VerifierInfo(name=v.name, description=v.description,
+                         reference_fields=dict(v.reference_fields), params=param_infos(v.Params))
+            for v in sorted(REGISTRY.values(), key=lambda v: v.name)]
+
+
+@router.get("/estimators", response_model=list[EstimatorInfo], summary="Advantage estimators")
+def list_estimators() -> list[EstimatorInfo]:
+    profiles = {p.value: pins.as_dict() for p, pins in PROFILES.items()}
+    return [EstimatorInfo(name=e.name, formula=e.formula, description=e.description,
+                          source=e.source, inputs=list(e.inputs), params=param_infos(e.Params),
+                          profiles=profiles)
+            for e in sorted(ESTIMATORS.values(), key=lambda e: e.name)]

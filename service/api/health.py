@@ -1,0 +1,31 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from service import __version__, metrics
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Liveness")
+def healthz() -> dict[str, str]:
+    """The process serves HTTP. Says nothing about the workers (see /readyz)."""
+    return {"status": "ok", "version": __version__}
+
+
+@router.get("/readyz", summary="Readiness", responses={503: {"description": "Not ready."}})
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when a verifier worker answers a round trip."""
+    executor = request.app.state.executor
+    ready = await executor.ready()
+    body = {"status": "ready" if ready else "not_ready", "executor": executor.describe()}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def scrape(request: Request) -> Response:
+    data, content_type = metrics.render(request.app.state.settings.prometheus_multiproc_dir)
+    return Response(data, media_type=content_type)

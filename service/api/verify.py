@@ -1,0 +1,34 @@
+"""POST /v1/verify/{verifier}: one item through one verifier, for debugging."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
+
+from service.api.bodies import body, responses
+from service.codec import read_model, render
+from service.models import VerifyRequest, VerifyResponse
+from service.validation import raise_if, validate_params
+from verifiers import Sample, get_verifier
+from workers.executor import VerifyCall
+
+router = APIRouter(prefix="/v1", tags=["verifiers"])
+
+
+@router.post("/verify/{verifier}", response_model=None, openapi_extra=body(VerifyRequest),
+             responses={**responses(VerifyResponse), 404: {"description": "Unknown verifier."}},
+             summary="Verify one completion")
+async def verify(verifier: str, request: Request) -> Response:
+    """Run one verifier on one completion, under the same limits as a batch."""
+    try:
+        impl = get_verifier(verifier)
+    except KeyError as exc:
+        raise HTTPException(404, exc.args[0]) from None
+    req = await read_model(request, VerifyRequest)
+    raise_if(validate_params(impl.Params, req.params, ("body", "params")))
+    settings = request.app.state.settings
+    timeout = min(req.timeout_s or settings.verifier_timeout_s, settings.max_verifier_timeout_s)
+    call = VerifyCall(verifier, Sample(req.completion, req.prompt, req.num_tokens),
+                      req.reference, req.params, timeout)
+    [result] = await request.app.state.executor.run([call])
+    return render(request, result.outcome.to_dict())

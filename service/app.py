@@ -1,0 +1,75 @@
+"""Builds the FastAPI application: routers, middleware, error handlers and the executor."""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from service import __version__
+from service.api import catalogue, health, score, verify
+from service.codec import BodyError
+from service.metrics import MetricsMiddleware
+from service.openapi import build_openapi
+from service.settings import Settings, get_settings
+from service.validation import RequestInvalid
+from workers.executor import Executor
+
+DESCRIPTION = ("rewardd verifies and judges rollout groups and returns rewards plus per-token "
+               "advantages ready for the policy loss. Bodies are JSON or msgpack "
+               "(Content-Type), responses likewise (Accept: application/msgpack).")
+
+
+def load_plugins(settings: Settings) -> None:
+    """Import verifier plugins so the API knows their names and parameters."""
+    for module in settings.plugin_modules:
+        importlib.import_module(module)
+
+
+def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
+    """The application. Without ``executor`` it starts (and stops) an embedded one."""
+    settings = settings or get_settings()
+    load_plugins(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = executor is None
+        if owned:
+            from workers.embedded import EmbeddedExecutor
+            app.state.executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.executor.close()
+
+    app = FastAPI(title="rewardd", version=__version__, description=DESCRIPTION,
+                  lifespan=lifespan)
+    app.state.settings = settings
+    app.state.executor = executor
+    for router in (score.router, verify.router, catalogue.router, health.router):
+        app.include_router(router)
+    app.add_middleware(MetricsMiddleware)
+    _add_error_handlers(app)
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestInvalid)
+    async def invalid(_: Request, exc: RequestInvalid) -> JSONResponse:
+        return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(BodyError)
+    async def bad_body(_: Request, exc: BodyError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_params(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)

@@ -1,0 +1,113 @@
+"""The reward table: group x rollout x component, each cell a value or a typed failure.
+
+It is filled from verifier outcomes and from precomputed rewards the rollouts carry, then
+collapsed to one scalar per rollout by the weighted sum. A failed cell never becomes a
+number here: with a component ``fallback`` it takes that value (and says so); without one the
+rollout is excluded, leaving its group's baseline with advantage 0 (documented default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from service.models import Group, RewardSpec, Rollout
+from verifiers.base import FailureKind, Outcome
+
+
+@dataclass(slots=True)
+class Column:
+    """One reward component across every rollout of the batch."""
+
+    name: str
+    weight: float
+    fallback: float | None
+    cells: list[Outcome]
+
+
+@dataclass(slots=True)
+class FlatBatch:
+    """The request's rollouts in one list, with each rollout's group index."""
+
+    groups: Sequence[Group]
+    rollouts: list[Rollout] = field(default_factory=list)
+    group_of: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, groups: Sequence[Group]) -> FlatBatch:
+        flat = cls(groups)
+        for gi, group in enumerate(groups):
+            flat.rollouts.extend(group.rollouts)
+            flat.group_of.extend([gi] * len(group.rollouts))
+        return flat
+
+
+@dataclass(slots=True)
+class Combined:
+    """Per-rollout scalar rewards after the weighted sum and the failure policy."""
+
+    reward: list[float | None]  # None: excluded
+    rewards: list[dict[str, float | None]]
+    status: list[dict[str, dict[str, Any]]]
+    failed_cells: int
+
+
+_OK_STATUS = {"ok": True, "error": None, "detail": {}, "fallback_used": False}
+
+
+def verifier_columns(specs: Sequence[RewardSpec], outcomes: Sequence[Outcome]) -> list[Column]:
+    """Columns from outcomes planned rollout-major (rollout 0's components first)."""
+    k = len(specs)
+    return [Column(s.name, s.weight, s.fallback, list(outcomes[j::k]))
+            for j, s in enumerate(specs)]
+
+
+def precomputed_columns(rollouts: Sequence[Rollout], weights: dict[str, float]) -> list[Column]:
+    """Columns from ``reward`` / ``rewards`` sent on rollouts; a value absent on some rollouts
+    (or null) is a ``missing`` failure in that cell."""
+    names: dict[str, None] = {}
+    for r in rollouts:
+        if r.reward is not None:
+            names["reward"] = None
+        for name in r.rewards or ():
+            names[name] = None
+    columns = []
+    for name in names:
+        cells = []
+        for r in rollouts:
+            value = r.reward if name == "reward" else (r.rewards or {}).get(name)
+            cells.append(Outcome.success(value) if value is not None else Outcome.failure(
+                FailureKind.missing, f"no value for precomputed component {name!r}"))
+        columns.append(Column(name, weights.get(name, 1.0), None, cells))
+    return columns
+
+
+def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
+    """Weighted sum per rollout, applying each component's failure policy."""
+    out = Combined([], [], [], 0)
+    for i in range(num_rollouts):
+        total: float | None = 0.0
+        values: dict[str, float | None] = {}
+        status: dict[str, dict[str, Any]] = {}
+        for col in columns:
+            cell = col.cells[i]
+            if cell.ok:
+                values[col.name] = cell.reward
+                status[col.name] = _OK_STATUS if not cell.detail else {
+                    "ok": True, "error": None, "detail": cell.detail, "fallback_used": False}
+                if total is not None:
+                    total += col.weight * cell.reward
+                continue
+            out.failed_cells += 1
+            used = col.fallback is not None
+            status[col.name] = {"ok": False, "error": cell.error.value, "detail": cell.detail,
+                                "fallback_used": used}
+            values[col.name] = col.fallback if used else None
+            if used and total is not None:
+                total += col.weight * col.fallback
+            elif not used:
+                total = None
+        out.reward.append(total)
+        out.rewards.append(values)
+        out.status.append(status)
+    return out

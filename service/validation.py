@@ -1,0 +1,181 @@
+"""Request rules that span fields or need a registry, each reported with its exact path.
+
+pydantic checks types and single-field constraints; the rules here (per-token array lengths,
+segment ranges and overlaps, duplicate ids, names and parameters of verifiers and
+estimators) would lose their field path inside a pydantic model validator, so they run as a
+second pass that collects every error and raises one :class:`RequestInvalid` (a 422 with the
+same ``{"detail": [{"loc", "msg", "type"}]}`` shape FastAPI uses).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from pydantic import BaseModel, ValidationError
+
+from service.advantages import get_estimator, pins_for
+from service.models import AdvantageSpec, Group, RewardSpec, Rollout
+from service.settings import Settings
+from verifiers import get_verifier
+
+Loc = tuple[str | int, ...]
+PER_TOKEN_FIELDS = ("mask", "token_rewards", "values")
+
+
+class RequestInvalid(Exception):
+    """One or more request errors; rendered as a 422 response."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+def error(loc: Loc, msg: str, kind: str = "value_error") -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg, "type": kind}
+
+
+def pydantic_errors(exc: ValidationError, prefix: Loc) -> list[dict[str, Any]]:
+    """Errors of a nested model validation, re-rooted at ``prefix``."""
+    return [error(prefix + tuple(e["loc"]), e["msg"], e["type"]) for e in exc.errors()]
+
+
+def validate_params(model: type[BaseModel], params: dict[str, Any], loc: Loc) -> list[dict]:
+    try:
+        model.model_validate(params)
+    except ValidationError as exc:
+        return pydantic_errors(exc, loc)
+    return []
+
+
+def resolved_num_tokens(rollout: Rollout) -> int | None:
+    """num_tokens as sent, else the length of token_ids."""
+    if rollout.num_tokens is not None:
+        return rollout.num_tokens
+    return len(rollout.token_ids) if rollout.token_ids is not None else None
+
+
+def _check_spans(spans: Sequence[Any], n: int, loc: Loc, what: str) -> Iterable[dict]:
+    ordered = sorted(range(len(spans)), key=lambda k: spans[k].start)
+    for k, span in enumerate(spans):
+        if span.end <= span.start:
+            yield error(loc + (k,), f"{what} [{span.start}, {span.end}) is empty or reversed: "
+                        "end must be greater than start")
+        elif span.end > n:
+            yield error(loc + (k, "end"), f"{what} end {span.end} is past num_tokens {n}")
+    for a, b in zip(ordered, ordered[1:]):
+        if spans[b].start < spans[a].end:
+            yield error(loc + (b,), f"{what} [{spans[b].start}, {spans[b].end}) overlaps "
+                        f"{what}s[{a}] [{spans[a].start}, {spans[a].end})")
+
+
+def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[dict]:
+    """Per-token arrays have num_tokens entries; spans lie inside the response."""
+    errors: list[dict] = []
+    if (rollout.token_ids is not None and rollout.num_tokens is not None
+            and len(rollout.token_ids) != rollout.num_tokens):
+        errors.append(error(loc + ("token_ids",), f"has {len(rollout.token_ids)} entries but "
+                            f"num_tokens is {rollout.num_tokens}"))
+    n = resolved_num_tokens(rollout)
+    if n is None:
+        given = [f for f in (*PER_TOKEN_FIELDS, "segments", "turns") if getattr(rollout, f)]
+        if given:
+            errors.append(error(loc + ("num_tokens",), f"required when {given[0]} is given"))
+        elif needs_tokens:
+            errors.append(error(loc + ("num_tokens",), f"required for advantage output "
+                                f"{needs_tokens!r} (or send token_ids)", "missing"))
+        return errors
+    for name in PER_TOKEN_FIELDS:
+        values = getattr(rollout, name)
+        if values is not None and len(values) != n:
+            errors.append(error(loc + (name,), f"has {len(values)} entries but num_tokens is {n}"))
+    if rollout.mask is not None and not set(rollout.mask) <= {0, 1}:
+        bad = next(k for k, v in enumerate(rollout.mask) if v not in (0, 1))
+        errors.append(error(loc + ("mask", bad), f"mask entries must be 0 or 1, got "
+                            f"{rollout.mask[bad]}"))
+    if rollout.segments:
+        errors.extend(_check_spans(rollout.segments, n, loc + ("segments",), "segment"))
+    if rollout.turns:
+        errors.extend(_check_spans(rollout.turns, n, loc + ("turns",), "turn"))
+    if rollout.reward is not None and rollout.rewards is not None:
+        errors.append(error(loc + ("reward",), "send either reward or rewards, not both"))
+    return errors
+
+
+def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> list[dict]:
+    errors: list[dict] = []
+    seen_groups: dict[str, int] = {}
+    seen_rollouts: dict[str, tuple[int, int]] = {}
+    for gi, group in enumerate(groups):
+        gloc: Loc = ("body", "groups", gi)
+        if group.group_id in seen_groups:
+            errors.append(error(gloc + ("group_id",), f"duplicate group_id {group.group_id!r} "
+                                f"(first at groups[{seen_groups[group.group_id]}])"))
+        seen_groups.setdefault(group.group_id, gi)
+        for ri, rollout in enumerate(group.rollouts):
+            rloc = gloc + ("rollouts", ri)
+            first = seen_rollouts.setdefault(rollout.rollout_id, (gi, ri))
+            if first != (gi, ri):
+                errors.append(error(rloc + ("rollout_id",), f"duplicate rollout_id "
+                                    f"{rollout.rollout_id!r} (first at groups[{first[0]}]."
+                                    f"rollouts[{first[1]}])"))
+            errors.extend(check_rollout(rollout, rloc, needs_tokens))
+    return errors
+
+
+def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> list[dict]:
+    errors: list[dict] = []
+    names: dict[str, int] = {}
+    for k, spec in enumerate(specs):
+        loc: Loc = ("body", "rewards", k)
+        if spec.name in names:
+            errors.append(error(loc + ("name",), f"duplicate reward name {spec.name!r} "
+                                f"(first at rewards[{names[spec.name]}])"))
+        names.setdefault(spec.name, k)
+        try:
+            verifier = get_verifier(spec.verifier)
+        except KeyError as exc:
+            errors.append(error(loc + ("verifier",), exc.args[0]))
+        else:
+            errors.extend(validate_params(verifier.Params, spec.params, loc + ("params",)))
+        if spec.segments is not None:
+            errors.append(error(loc + ("segments",), "segment routing of reward components is "
+                                "not available in this release; drop 'segments'"))
+        if spec.timeout_s is not None and spec.timeout_s > settings.max_verifier_timeout_s:
+            errors.append(error(loc + ("timeout_s",), f"{spec.timeout_s:g}s is over the "
+                                f"server's limit of {settings.max_verifier_timeout_s:g}s"))
+    return errors
+
+
+def check_advantage(spec: AdvantageSpec, groups: Sequence[Group]) -> list[dict]:
+    loc: Loc = ("body", "advantage")
+    try:
+        estimator = get_estimator(spec.estimator)
+    except KeyError as exc:
+        return [error(loc + ("estimator",), exc.args[0])]
+    errors = validate_params(estimator.Params, spec.params, loc + ("params",))
+    if pins_for(spec.profile).equal_group_sizes:
+        sizes = {len(g.rollouts) for g in groups}
+        if len(sizes) > 1:
+            errors.append(error(loc + ("profile",), f"profile {spec.profile.value!r} needs "
+                                f"groups of equal size (contiguous blocks); got sizes "
+                                f"{sorted(sizes)}"))
+    return errors
+
+
+def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> list[dict]:
+    """Precomputed components on rollouts must not reuse a verifier component's name."""
+    verified = {s.name for s in specs}
+    for gi, group in enumerate(groups):
+        for ri, rollout in enumerate(group.rollouts):
+            sent = set(rollout.rewards or ()) | ({"reward"} if rollout.reward is not None else set())
+            clash = sorted(sent & verified)
+            if clash:
+                return [error(("body", "groups", gi, "rollouts", ri, "rewards"),
+                              f"precomputed component {clash[0]!r} has the name of a verifier "
+                              "component in 'rewards'; rename one of them")]
+    return []
+
+
+def raise_if(errors: list[dict]) -> None:
+    if errors:
+        raise RequestInvalid(errors)
