@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         if owned:
             from workers.embedded import EmbeddedExecutor
             app.state.executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
+            await app.state.executor.ready()  # start the workers now, not on the first request
         try:
             yield
         finally:

@@ -25,3 +25,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         schemas.setdefault(name, schema)
     app.openapi_schema = doc
     return doc
+
+
+def render_document() -> str:
+    """The document as committed in ``openapi/openapi.json`` (stable key order, final newline)."""
+    import json
+
+    from service.app import create_app
+
+    return json.dumps(create_app().openapi(), indent=2, sort_keys=True) + "\n"

@@ -108,6 +108,12 @@ class Verifier:
     def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
         raise NotImplementedError
 
+    def warm_up(self) -> None:
+        """Pay one-time costs (grammar builds, caches) before the first real call.
+
+        Worker processes fork from a parent that ran this, so they start warm.
+        """
+
 
 def run_verifier(verifier: Verifier, sample: Sample, reference: Mapping[str, Any],
                  params: Mapping[str, Any]) -> Outcome:

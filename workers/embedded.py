@@ -32,7 +32,7 @@ def _context(plugins: Sequence[str]) -> Any:
     every executor of one process must name the same plugins.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["workers.tasks", *plugins])
+    ctx.set_forkserver_preload(["workers.tasks", *plugins, "workers.warm"])
     return ctx
 
 

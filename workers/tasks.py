@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from verifiers import Sample, get_verifier, run_verifier
+from verifiers import REGISTRY, Sample, get_verifier, run_verifier
 
 
 def verify_task(verifier: str, sample: Mapping[str, Any], reference: Mapping[str, Any],
@@ -24,3 +24,9 @@ def verify_task(verifier: str, sample: Mapping[str, Any], reference: Mapping[str
 def ping_task() -> str:
     """A no-op round trip, used by readiness checks to prove a worker answers."""
     return "pong"
+
+
+def warm_up() -> None:
+    """Warm every registered verifier; the embedded executor's forkserver runs this once."""
+    for verifier in REGISTRY.values():
+        verifier.warm_up()

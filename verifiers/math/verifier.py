@@ -60,6 +60,10 @@ class MathVerifier(Verifier):
                                    f"{answer[:200]!r}")
         return answer, parsed
 
+    def warm_up(self) -> None:
+        # The first parse builds latex2sympy's grammar (about a second); do it once, pre-fork.
+        self.verify(Sample(completion="\\boxed{\\frac{1}{2}}"), {"answer": "0.5"}, MathParams())
+
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: MathParams) -> Outcome:
         _, parsed_reference = self._reference(reference)

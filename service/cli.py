@@ -1,0 +1,107 @@
+"""The ``rewardd`` command: serve the API, score JSONL files offline, write the OpenAPI document.
+
+Every flag mirrors a ``REWARDD_*`` setting (``--pool-size`` <-> ``REWARDD_POOL_SIZE``); a flag
+wins over the environment. ``serve`` passes its flags to the server processes through the
+environment, which is how uvicorn's worker processes read their settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from service.settings import Settings, get_settings
+
+
+def settings_options(*names: str) -> Callable[[Callable], Callable]:
+    """Add one ``--flag`` per named Settings field, with the field's description as help."""
+
+    def decorate(fn: Callable) -> Callable:
+        for name in reversed(names):
+            field = Settings.model_fields[name]
+            annotation = field.annotation if field.annotation in (int, float, str) else str
+            fn = click.option(f"--{name.replace('_', '-')}", name, type=annotation, default=None,
+                              help=f"{field.description} [env: REWARDD_{name.upper()}]")(fn)
+        return fn
+
+    return decorate
+
+
+def settings_from(overrides: dict[str, Any]) -> Settings:
+    """Environment first, flags on top; exported so child processes see the same values."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for key, value in given.items():
+        os.environ[f"REWARDD_{key.upper()}"] = str(value)
+    get_settings.cache_clear()
+    return get_settings()
+
+
+@click.group()
+@click.version_option(package_name="rewardd")
+def main() -> None:
+    """rewardd: rewards and per-token advantages for RL post-training."""
+
+
+@main.command()
+@settings_options("host", "port", "workers", "pool_size", "verifier_timeout_s",
+                  "max_verifier_timeout_s", "max_body_bytes", "plugins", "log_level")
+def serve(**flags: Any) -> None:
+    """Run the HTTP API (embedded executor: no Redis needed)."""
+    import uvicorn
+
+    settings = settings_from(flags)
+    if settings.workers > 1 and not settings.prometheus_multiproc_dir:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rewardd-metrics-")
+    uvicorn.run("service.app:create_app", factory=True, host=settings.host, port=settings.port,
+                workers=settings.workers, log_level=settings.log_level)
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="Where to write one JSON result per line.")
+@click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSON with run_id/rewards/advantage: then every input line is one group.")
+@click.option("--batch-size", default=64, show_default=True,
+              help="Groups per batch when --spec is given.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@settings_options("pool_size", "verifier_timeout_s", "plugins")
+def score(source: Path, output: Path, spec: Path | None, batch_size: int, progress: bool,
+          **flags: Any) -> None:
+    """Score SOURCE offline through the same pipeline as POST /v1/score.
+
+    Without --spec every line is a full request (a /v1/score body, or a /v1/advantages body
+    when it has no "rewards"), and every output line is its response. With --spec every line
+    is one group, and every output line is that group's result.
+    """
+    from service.batch import BatchInvalid, run_file
+
+    settings = settings_from(flags)
+    try:
+        summary = run_file(source, output, spec, batch_size, settings, progress)
+    except BatchInvalid as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    click.echo(json.dumps(summary, indent=2), err=True)
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("openapi/openapi.json"), show_default=True)
+def openapi(output: Path) -> None:
+    """Write the OpenAPI document generated from the app."""
+    from service.openapi import render_document
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render_document())
+    click.echo(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
