@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from service.gcpause import gc_paused
 from service.validation import RequestInvalid, pydantic_errors
 
 MSGPACK = "application/msgpack"
@@ -72,11 +73,12 @@ def decode(body: bytes, content_type: str) -> Any:
 async def read_model(request: Request, model: type[M]) -> M:
     """Read, decode and validate a request body; errors carry the field path under 'body'."""
     body = await read_body(request, request.app.state.settings.max_body_bytes)
-    data = decode(body, request.headers.get("content-type", JSON))
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise RequestInvalid(pydantic_errors(exc, ("body",))) from None
+    with gc_paused():
+        data = decode(body, request.headers.get("content-type", JSON))
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise RequestInvalid(pydantic_errors(exc, ("body",))) from None
 
 
 def _msgpack_default(obj: Any) -> Any:
@@ -93,8 +95,9 @@ def wants_msgpack(request: Request) -> bool:
 
 def render(request: Request, payload: Any, status: int = 200) -> Response:
     """Serialise ``payload`` as msgpack when the client accepts it, else JSON."""
-    if wants_msgpack(request):
-        return Response(msgpack.packb(payload, default=_msgpack_default, use_bin_type=True),
-                        status_code=status, media_type=MSGPACK)
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
-                    status_code=status, media_type=JSON)
+    with gc_paused():
+        if wants_msgpack(request):
+            return Response(msgpack.packb(payload, default=_msgpack_default, use_bin_type=True),
+                            status_code=status, media_type=MSGPACK)
+        return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+                        status_code=status, media_type=JSON)

@@ -171,7 +171,8 @@ class CellStatus(BaseModel):
         None, description="timeout | crashed | error | invalid_reference | unavailable | "
         "missing (no precomputed value); null when ok.")
     detail: dict[str, Any] = Field(default_factory=dict)
-    fallback_used: bool = Field(False, description="The component's fallback reward was used.")
+    fallback_used: bool = Field(
+        False, description="The component's fallback reward was used (present only when true).")
 
 
 class RunLength(BaseModel):
@@ -184,8 +185,12 @@ class RolloutResult(BaseModel):
     rollout_id: str
     reward: float | None = Field(
         description="Weighted sum of components; null when the rollout was excluded.")
-    rewards: dict[str, float | None]
-    status: dict[str, CellStatus]
+    rewards: dict[str, float | None] = Field(
+        description="Value of each verifier component (null when failed without fallback). "
+        "Precomputed values the rollout carried are not echoed; a missing one appears as null.")
+    status: dict[str, CellStatus] = Field(
+        description="Outcome of each verifier component, and of each precomputed value that "
+        "was missing.")
     advantages: list[float] | RunLength | float | None = None
     num_tokens: int | None = None
     excluded: bool = Field(

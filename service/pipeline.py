@@ -13,6 +13,7 @@ import torch
 
 from service import advantages as adv
 from service import metrics
+from service.gcpause import gc_paused
 from service.models import (AdvantageSpec, AdvantagesRequest, Profile, RewardSpec,
                             RewardsRequest, ScoreRequest)
 from service.settings import Settings
@@ -70,25 +71,34 @@ async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: 
 async def score(req: ScoreRequest, executor: Executor, settings: Settings,
                 progress: ProgressCallback | None = None) -> dict[str, Any]:
     """POST /v1/score: verify every rollout, then advantages."""
-    validate_score(req, settings)
-    flat = FlatBatch.of(req.groups)
-    columns = await run_verifiers(flat, req.rewards, executor, settings, progress)
-    columns += precomputed_columns(flat.rollouts, req.advantage.weights)
-    return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), req.advantage)
+    return await _verify_then_respond(req, req.advantage, executor, settings, progress)
 
 
 async def rewards(req: RewardsRequest, executor: Executor, settings: Settings,
                   progress: ProgressCallback | None = None) -> dict[str, Any]:
     """POST /v1/rewards: verify every rollout; no advantages."""
-    validate_score(req, settings)
-    flat = FlatBatch.of(req.groups)
+    return await _verify_then_respond(req, None, executor, settings, progress)
+
+
+async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: AdvantageSpec | None,
+                               executor: Executor, settings: Settings,
+                               progress: ProgressCallback | None) -> dict[str, Any]:
+    with gc_paused():
+        validate_score(req, settings)
+        flat = FlatBatch.of(req.groups)
     columns = await run_verifiers(flat, req.rewards, executor, settings, progress)
-    columns += precomputed_columns(flat.rollouts, {})
-    return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), None)
+    with gc_paused():
+        columns += precomputed_columns(flat.rollouts, spec.weights if spec else {})
+        return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), spec)
 
 
 def advantages(req: AdvantagesRequest) -> dict[str, Any]:
     """POST /v1/advantages: pure compute from the rewards the rollouts carry."""
+    with gc_paused():
+        return _advantages(req)
+
+
+def _advantages(req: AdvantagesRequest) -> dict[str, Any]:
     validate_advantages(req)
     flat = FlatBatch.of(req.groups)
     columns = precomputed_columns(flat.rollouts, req.advantage.weights)

@@ -23,6 +23,9 @@ class Column:
     weight: float
     fallback: float | None
     cells: list[Outcome]
+    echo: bool = True
+    """Report ok cells in ``rewards``/``status``. False for values the trainer sent: echoing
+    them back adds bytes and no information, so only their failures (missing) are reported."""
 
 
 @dataclass(slots=True)
@@ -52,7 +55,7 @@ class Combined:
     failed_cells: int
 
 
-_OK_STATUS = {"ok": True, "error": None, "detail": {}, "fallback_used": False}
+_OK_STATUS = {"ok": True, "error": None, "detail": {}}
 
 
 def verifier_columns(specs: Sequence[RewardSpec], outcomes: Sequence[Outcome]) -> list[Column]:
@@ -78,7 +81,7 @@ def precomputed_columns(rollouts: Sequence[Rollout], weights: dict[str, float]) 
             value = r.reward if name == "reward" else (r.rewards or {}).get(name)
             cells.append(Outcome.success(value) if value is not None else Outcome.failure(
                 FailureKind.missing, f"no value for precomputed component {name!r}"))
-        columns.append(Column(name, weights.get(name, 1.0), None, cells))
+        columns.append(Column(name, weights.get(name, 1.0), None, cells, echo=False))
     return columns
 
 
@@ -92,16 +95,18 @@ def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
         for col in columns:
             cell = col.cells[i]
             if cell.ok:
-                values[col.name] = cell.reward
-                status[col.name] = _OK_STATUS if not cell.detail else {
-                    "ok": True, "error": None, "detail": cell.detail, "fallback_used": False}
+                if col.echo:
+                    values[col.name] = cell.reward
+                    status[col.name] = _OK_STATUS if not cell.detail else {
+                        "ok": True, "error": None, "detail": cell.detail}
                 if total is not None:
                     total += col.weight * cell.reward
                 continue
             out.failed_cells += 1
             used = col.fallback is not None
-            status[col.name] = {"ok": False, "error": cell.error.value, "detail": cell.detail,
-                                "fallback_used": used}
+            status[col.name] = {"ok": False, "error": cell.error.value, "detail": cell.detail}
+            if used:
+                status[col.name]["fallback_used"] = True
             values[col.name] = col.fallback if used else None
             if used and total is not None:
                 total += col.weight * col.fallback
