@@ -65,7 +65,7 @@ def decode(body: bytes, content_type: str) -> Any:
             pass
         try:  # the stdlib reads NaN/Infinity, so the model can name the offending field
             return json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BodyError(400, f"body is not valid JSON: {exc}") from None
     raise BodyError(415, f"unsupported Content-Type {media!r}; send {JSON} or {MSGPACK}")
 

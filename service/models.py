@@ -13,10 +13,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verifiers.base import FailureKind
+from verifiers.base import FailureKind, RewardValue
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-"""A float that must be finite: NaN or infinity in a reward is a 422, never a silent number."""
+"""A float that must be finite: NaN or infinity is a 422, never a silent number."""
+
+Weight = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
+"""A component weight; bounded so weighted sums of bounded rewards stay finite."""
+
+MAX_TOKENS_PER_ROLLOUT = 1 << 24
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
@@ -40,7 +45,7 @@ class Turn(Contract):
 
     start: int = Field(ge=0, description="First token index of the turn.")
     end: int = Field(ge=0, description="One past the last token index of the turn.")
-    reward: FiniteFloat | None = Field(None, description="Per-turn reward, for turn-level credit.")
+    reward: RewardValue | None = Field(None, description="Per-turn reward, for turn-level credit.")
 
 
 class Rollout(Contract):
@@ -49,7 +54,7 @@ class Rollout(Contract):
     rollout_id: Name = Field(description="Unique within the request; echoed in the response.")
     completion: str | None = Field(None, description="Text the verifiers judge.")
     num_tokens: int | None = Field(
-        None, ge=0, description="Response length in tokens; needed for dense and rle advantages. "
+        None, ge=0, le=MAX_TOKENS_PER_ROLLOUT, description="Response length in tokens; needed for dense and rle advantages. "
         "Defaults to len(token_ids).")
     token_ids: list[int] | None = Field(None, description="Response token ids (num_tokens entries).")
     mask: list[int] | None = Field(
@@ -58,13 +63,13 @@ class Rollout(Contract):
     segments: list[Segment] | None = Field(
         None, description="Labelled, non-overlapping token spans inside [0, num_tokens).")
     turns: list[Turn] | None = Field(None, description="Turn spans of a multi-turn rollout.")
-    token_rewards: list[FiniteFloat] | None = Field(
+    token_rewards: list[RewardValue] | None = Field(
         None, description="Per-token rewards (num_tokens entries).")
     values: list[FiniteFloat] | None = Field(
         None, description="Per-token value estimates (num_tokens entries).")
-    reward: FiniteFloat | None = Field(
+    reward: RewardValue | None = Field(
         None, description="Precomputed scalar reward; enters the table as the component 'reward'.")
-    rewards: dict[Name, FiniteFloat | None] | None = Field(
+    rewards: dict[Name, RewardValue | None] | None = Field(
         None, description="Precomputed reward components by name; null means missing.")
 
 
@@ -84,12 +89,12 @@ class RewardSpec(Contract):
 
     name: Name = Field(description="Component name; keys of `rewards` and `status` in responses.")
     verifier: str = Field(description="Verifier kind; see GET /v1/verifiers.")
-    weight: FiniteFloat = Field(1.0, description="Weight in the weighted sum of components.")
+    weight: Weight = Field(1.0, description="Weight in the weighted sum of components.")
     params: dict[str, Any] = Field(default_factory=dict, description="Verifier parameters.")
     segments: list[Name] | None = Field(
         None, description="Segment labels this component's advantage is routed to "
         "(token routing; not available in this release: a request using it gets 422).")
-    fallback: FiniteFloat | None = Field(
+    fallback: RewardValue | None = Field(
         None, description="Reward used when this cell fails. Unset (default): a rollout with a "
         "failed cell leaves its group's baseline and gets advantage 0.")
     timeout_s: float | None = Field(
@@ -120,7 +125,7 @@ class AdvantageSpec(Contract):
     output: OutputFormat = Field(
         "rle", description="dense: floats per token; rle: [[value, length], ...]; "
         "scalar: one float per rollout; none: no advantages.")
-    weights: dict[Name, FiniteFloat] = Field(
+    weights: dict[Name, Weight] = Field(
         default_factory=dict,
         description="Weights of precomputed components sent on rollouts (default 1.0 each).")
 
@@ -157,7 +162,7 @@ class VerifyRequest(Contract):
     reference: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
     prompt: str = ""
-    num_tokens: int | None = Field(None, ge=0)
+    num_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS_PER_ROLLOUT)
     timeout_s: float | None = Field(None, gt=0)
 
 

@@ -19,6 +19,8 @@ from service.settings import Settings
 from verifiers import get_verifier
 
 Loc = tuple[str | int, ...]
+MAX_TOKENS_PER_REQUEST = 1 << 27
+"""Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""
 PER_TOKEN_FIELDS = ("mask", "token_rewards", "values")
 
 
@@ -75,6 +77,8 @@ def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[
             and len(rollout.token_ids) != rollout.num_tokens):
         errors.append(error(loc + ("token_ids",), f"has {len(rollout.token_ids)} entries but "
                             f"num_tokens is {rollout.num_tokens}"))
+    if rollout.reward is not None and rollout.rewards is not None:
+        errors.append(error(loc + ("reward",), "send either reward or rewards, not both"))
     n = resolved_num_tokens(rollout)
     if n is None:
         given = [f for f in (*PER_TOKEN_FIELDS, "segments", "turns") if getattr(rollout, f)]
@@ -96,8 +100,6 @@ def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[
         errors.extend(_check_spans(rollout.segments, n, loc + ("segments",), "segment"))
     if rollout.turns:
         errors.extend(_check_spans(rollout.turns, n, loc + ("turns",), "turn"))
-    if rollout.reward is not None and rollout.rewards is not None:
-        errors.append(error(loc + ("reward",), "send either reward or rewards, not both"))
     return errors
 
 
@@ -119,6 +121,12 @@ def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> list[dict
                                     f"{rollout.rollout_id!r} (first at groups[{first[0]}]."
                                     f"rollouts[{first[1]}])"))
             errors.extend(check_rollout(rollout, rloc, needs_tokens))
+    if needs_tokens:
+        total = sum(resolved_num_tokens(r) or 0 for g in groups for r in g.rollouts)
+        if total > MAX_TOKENS_PER_REQUEST:
+            errors.append(error(("body", "groups"), f"{total} tokens in one request is over "
+                                f"the limit of {MAX_TOKENS_PER_REQUEST} for output "
+                                f"{needs_tokens!r}; split the batch or use output 'scalar'"))
     return errors
 
 

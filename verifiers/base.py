@@ -14,9 +14,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+
+REWARD_BOUND = 1e12
+"""Largest reward magnitude accepted anywhere (params, precomputed values, fallbacks).
+
+Far beyond any reward scale, and small enough that weighted sums and squared deviations of a
+batch stay finite and exact enough in float64."""
+
+RewardValue = Annotated[float, Field(allow_inf_nan=False, ge=-REWARD_BOUND, le=REWARD_BOUND)]
 
 
 class FailureKind(str, enum.Enum):

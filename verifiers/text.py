@@ -11,7 +11,8 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
+from verifiers.base import (REWARD_BOUND, InvalidReference, Outcome, RewardValue, Sample,
+                            Verifier, VerifierParams)
 
 _WS = re.compile(r"\s+")
 _TRUNCATE = 200
@@ -124,8 +125,8 @@ class RegexParams(VerifierParams):
     mode: Literal["search", "match", "fullmatch"] = "search"
     """Which ``re`` function to apply to the completion."""
     flags: list[Literal["IGNORECASE", "MULTILINE", "DOTALL"]] = Field(default_factory=list)
-    reward_match: float = 1.0
-    reward_no_match: float = 0.0
+    reward_match: RewardValue = 1.0
+    reward_no_match: RewardValue = 0.0
 
     @field_validator("pattern")
     @classmethod
@@ -174,7 +175,7 @@ class LengthParams(VerifierParams):
     """Hard budget: at or above ``max_length`` the full penalty applies."""
     buffer: int = Field(default=0, ge=0)
     """Width of the soft-penalty zone just below ``max_length``; must be < max_length."""
-    penalty_factor: float = Field(default=1.0, ge=0)
+    penalty_factor: float = Field(default=1.0, ge=0, le=REWARD_BOUND)
     """Magnitude (non-negative) of the full penalty."""
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from service.advantages import outcome as _outcome  # noqa: F401  (registers the estimators)
 from service.advantages.encode import TokenLayout, decode_rle, encode
-from service.advantages.groups import OutcomeBatch, group_stats, zero_spread
+from service.advantages.groups import OutcomeBatch, group_stats
 from service.advantages.profiles import PROFILES, Pins, pins_for
 from service.advantages.registry import ESTIMATORS, Estimator, get_estimator
 
@@ -32,7 +32,7 @@ class GroupFlags:
 def describe_groups(batch: OutcomeBatch, pins: Pins) -> GroupFlags:
     stats = group_stats(batch, ddof=pins.std_ddof)
     return GroupFlags(count=stats.count, mean=stats.mean, std=stats.std,
-                      zero_spread=zero_spread(batch, stats), singleton=stats.count < 2)
+                      zero_spread=stats.zero_spread, singleton=stats.count < 2)
 
 
 def compute(batch: OutcomeBatch, estimator: str, params: dict, profile: str) -> Tensor:

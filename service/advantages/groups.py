@@ -38,6 +38,7 @@ class GroupStats:
     total: Tensor  # float64 [G]: sum of included rewards
     mean: Tensor  # float64 [G]; 0 for empty groups
     std: Tensor  # float64 [G]; NaN where count <= ddof
+    zero_spread: Tensor  # bool [G]: two or more included rollouts, all with the same reward
 
 
 def group_stats(batch: OutcomeBatch, ddof: int = 1) -> GroupStats:
@@ -53,16 +54,18 @@ def group_stats(batch: OutcomeBatch, ddof: int = 1) -> GroupStats:
     denom = count - ddof
     std = torch.where(denom > 0, (sq / denom.clamp(min=1.0)).sqrt(),
                       torch.full_like(sq, float("nan")))
-    return GroupStats(count=count, total=total, mean=mean, std=std)
+    return GroupStats(count=count, total=total, mean=mean, std=std,
+                      zero_spread=(count >= 2) & _all_equal(batch))
 
 
-def zero_spread(batch: OutcomeBatch, stats: GroupStats) -> Tensor:
-    """Groups with two or more included rollouts that all have the same reward: no signal.
+def _all_equal(batch: OutcomeBatch) -> Tensor:
+    """Per group: min == max over included rewards, decided exactly.
 
-    Decided by exact min == max rather than std == 0, so rounding in the std cannot hide it.
+    Not std == 0: the mean of three 0.1s is 0.10000000000000002, so deviations and std of an
+    all-equal group can be a rounding error away from 0.
     """
-    g = batch.num_groups
-    inf = torch.full((g,), float("inf"), dtype=torch.float64)
-    lo = inf.scatter_reduce(0, batch.group[batch.valid], batch.rewards[batch.valid], "amin")
-    hi = (-inf).scatter_reduce(0, batch.group[batch.valid], batch.rewards[batch.valid], "amax")
-    return (stats.count >= 2) & (lo == hi)
+    inf = torch.full((batch.num_groups,), float("inf"), dtype=torch.float64)
+    group, rewards = batch.group[batch.valid], batch.rewards[batch.valid]
+    lo = inf.scatter_reduce(0, group, rewards, "amin")
+    hi = (-inf).scatter_reduce(0, group, rewards, "amax")
+    return lo == hi

@@ -11,24 +11,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from service.advantages.groups import OutcomeBatch, group_stats
+from service.advantages.groups import GroupStats, OutcomeBatch, group_stats
 from service.advantages.profiles import Pins
 from service.advantages.registry import EstimatorParams, register
 
 
 def _finish(batch: OutcomeBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
-            count: Tensor) -> Tensor:
-    """Apply the singleton rule, zero the excluded rollouts, and turn -0.0 into +0.0.
+            stats: GroupStats) -> Tensor:
+    """Apply the singleton rule; give excluded rollouts and zero-spread groups exactly 0.
 
-    Adding +0.0 maps -0.0 to +0.0 (IEEE 754), so a zero advantage always has one bit pattern
-    and run-length encoding never splits a run of zeros.
+    Zero-spread groups are zeroed explicitly because r - mean can be a rounding error away
+    from 0 (0.1 - 0.10000000000000002), which a division by eps would magnify. Adding +0.0
+    maps -0.0 to +0.0 (IEEE 754), so a zero always has one bit pattern and run-length
+    encoding never splits a run of zeros.
     """
-    single = count[batch.group] < 2
+    g = batch.group
+    zero = torch.zeros_like(adv)
     if pins.singleton == "mean0_std1":
-        adv = torch.where(single, singleton_value, adv)
+        adv = torch.where(stats.count[g] < 2, singleton_value, adv)
     else:
-        adv = torch.where(single, torch.zeros_like(adv), adv)
-    return torch.where(batch.valid, adv, torch.zeros_like(adv)) + 0.0
+        adv = torch.where(stats.count[g] < 2, zero, adv)
+    keep = batch.valid & ~stats.zero_spread[g]
+    return torch.where(keep, adv, zero) + 0.0
 
 
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
@@ -41,7 +45,7 @@ def grpo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     g = batch.group
     std = torch.nan_to_num(stats.std, nan=0.0)
     adv = (batch.rewards - stats.mean[g]) / (std[g] + pins.eps)
-    return _finish(batch, adv, batch.rewards / (1.0 + pins.eps), pins, stats.count)
+    return _finish(batch, adv, batch.rewards / (1.0 + pins.eps), pins, stats)
 
 
 @register("dr_grpo", formula="a_i = r_i - mean_g r",
@@ -51,7 +55,7 @@ def dr_grpo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     small spread. Under verl's singleton rule a lone rollout keeps r (mean 0)."""
     stats = group_stats(batch, ddof=pins.std_ddof)
     adv = batch.rewards - stats.mean[batch.group]
-    return _finish(batch, adv, batch.rewards, pins, stats.count)
+    return _finish(batch, adv, batch.rewards, pins, stats)
 
 
 @register("rloo", formula="a_i = r_i - mean_{j != i} r_j",
@@ -64,4 +68,4 @@ def rloo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     g = batch.group
     others = (stats.count[g] - 1.0).clamp(min=1.0)
     adv = batch.rewards - (stats.total[g] - batch.rewards) / others
-    return _finish(batch, adv, batch.rewards, pins, stats.count)
+    return _finish(batch, adv, batch.rewards, pins, stats)
