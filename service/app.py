@@ -41,7 +41,8 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         if owned:
             from workers.embedded import EmbeddedExecutor
             app.state.executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
-            await app.state.executor.ready()  # start the workers now, not on the first request
+            # Start the workers now, not on the first request (the forkserver imports sympy).
+            await app.state.executor.ready(wait_s=120.0)
         try:
             yield
         finally:

@@ -54,15 +54,22 @@ def _jobs(source: Path, spec_path: Path | None, batch_size: int) -> list[tuple[A
             for chunk in (rows[i:i + batch_size] for i in range(0, len(rows), batch_size))]
 
 
-def _line_of(loc: list[Any], lines: list[int]) -> int:
-    if len(loc) > 2 and loc[1] == "groups" and isinstance(loc[2], int) and len(lines) > 1:
-        return lines[loc[2]]
-    return lines[0]
+def _where(loc: list[Any], lines: list[int], spec_mode: bool) -> str:
+    """Say where an error lies: an input line and a field path relative to that line, or the
+    spec file when a spec field is at fault (once, however many batches share it)."""
+    path = ".".join(map(str, loc[1:]))
+    if not spec_mode:
+        return f"line {lines[0]}: {path}"
+    if len(loc) > 2 and loc[1] == "groups" and isinstance(loc[2], int):
+        inner = ".".join(map(str, loc[3:]))
+        return f"line {lines[loc[2]]}: {inner or 'group'}"
+    return f"spec: {path}"
 
 
 def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settings) -> list[Job]:
     """Parse and validate every request; raise BatchInvalid naming each bad line and field."""
-    jobs, problems = [], []
+    jobs: list[Job] = []
+    problems: dict[str, None] = {}  # ordered and de-duplicated
     for data, lines in _jobs(source, spec_path, batch_size):
         model = ScoreRequest if isinstance(data, dict) and "rewards" in data else AdvantagesRequest
         try:
@@ -79,8 +86,7 @@ def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settin
             jobs.append(Job(request, lines))
             continue
         for e in errors:
-            problems.append(f"line {_line_of(e['loc'], lines)}: "
-                            f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}")
+            problems[f"{_where(e['loc'], lines, spec_path is not None)}: {e['msg']}"] = None
     if problems:
         raise BatchInvalid("invalid input, nothing was scored:\n  " + "\n  ".join(problems))
     return jobs

@@ -23,7 +23,7 @@ from service.validation import (RequestInvalid, check_advantage, check_component
                                 check_groups, check_reward_specs, error, raise_if,
                                 resolved_num_tokens)
 from verifiers.base import Sample
-from workers.executor import Executor, ProgressCallback, VerifyCall
+from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
 
 
 def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
@@ -44,6 +44,12 @@ def validate_advantages(req: AdvantagesRequest) -> None:
     raise_if(errors)
 
 
+def call_timeout(requested_s: float | None, settings: Settings) -> float:
+    """The wall-clock limit of one call: the request's, else the server default (validation
+    has already rejected requests above the server's maximum)."""
+    return min(requested_s or settings.verifier_timeout_s, settings.max_verifier_timeout_s)
+
+
 def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings) -> list[VerifyCall]:
     """One call per (rollout, component), rollout-major."""
     calls = []
@@ -52,19 +58,24 @@ def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings) -> li
         sample = Sample(completion=rollout.completion or "", prompt=group.prompt,
                         num_tokens=resolved_num_tokens(rollout))
         for spec in specs:
-            timeout = min(spec.timeout_s or settings.verifier_timeout_s,
-                          settings.max_verifier_timeout_s)
-            calls.append(VerifyCall(spec.verifier, sample, group.reference, spec.params, timeout))
+            calls.append(VerifyCall(spec.verifier, sample, group.reference, spec.params,
+                                    call_timeout(spec.timeout_s, settings)))
     return calls
 
 
-async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
-                        settings: Settings, progress: ProgressCallback | None) -> list[Column]:
-    calls = plan(flat, specs, settings)
+async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
+                    progress: ProgressCallback | None = None) -> list[CallResult]:
+    """Run calls on the executor and record each outcome and duration in the metrics."""
     results = await executor.run(calls, progress)
     for call, result in zip(calls, results):
         outcome = "ok" if result.outcome.ok else result.outcome.error.value
         metrics.observe_verifier(call.verifier, outcome, result.elapsed_s)
+    return results
+
+
+async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
+                        settings: Settings, progress: ProgressCallback | None) -> list[Column]:
+    results = await run_calls(plan(flat, specs, settings), executor, progress)
     return verifier_columns(specs, [r.outcome for r in results])
 
 

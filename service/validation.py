@@ -148,10 +148,15 @@ def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> list[
         if spec.segments is not None:
             errors.append(error(loc + ("segments",), "segment routing of reward components is "
                                 "not available in this release; drop 'segments'"))
-        if spec.timeout_s is not None and spec.timeout_s > settings.max_verifier_timeout_s:
-            errors.append(error(loc + ("timeout_s",), f"{spec.timeout_s:g}s is over the "
-                                f"server's limit of {settings.max_verifier_timeout_s:g}s"))
+        errors.extend(check_timeout(spec.timeout_s, settings, loc + ("timeout_s",)))
     return errors
+
+
+def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list[dict]:
+    if timeout_s is not None and timeout_s > settings.max_verifier_timeout_s:
+        return [error(loc, f"{timeout_s:g}s is over the server's limit of "
+                      f"{settings.max_verifier_timeout_s:g}s (REWARDD_MAX_VERIFIER_TIMEOUT_S)")]
+    return []
 
 
 def check_advantage(spec: AdvantageSpec, groups: Sequence[Group]) -> list[dict]:

@@ -75,11 +75,18 @@ class EmbeddedExecutor(Executor):
         fut.add_done_callback(settle)
         return result
 
-    async def ready(self) -> bool:
+    async def ready(self, wait_s: float = 5.0) -> bool:
+        """A ping answered within ``wait_s``. The limit covers queueing too (pebble's own
+        timeout starts only when a worker picks the task up), so a pool busy with long calls
+        answers "not ready" promptly instead of holding the probe."""
         try:
-            fut = self._pool.schedule(ping_task, timeout=5.0)
-            return await asyncio.wrap_future(fut) == "pong"
-        except Exception:  # any failure of the probe means not ready
+            fut = self._pool.schedule(ping_task, timeout=wait_s)
+        except RuntimeError:  # pool closed or broken
+            return False
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), wait_s) == "pong"
+        except Exception:  # timeout, crash or cancellation of the probe: not ready
+            fut.cancel()
             return False
 
     def describe(self) -> dict[str, Any]:

@@ -47,8 +47,8 @@ class Executor(abc.ABC):
         """Run every call; results come back in the order of ``calls``."""
 
     @abc.abstractmethod
-    async def ready(self) -> bool:
-        """True when a call submitted now would be run (used by /readyz)."""
+    async def ready(self, wait_s: float = 5.0) -> bool:
+        """True when a worker answers a round trip within ``wait_s`` (used by /readyz)."""
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:

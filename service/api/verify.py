@@ -8,7 +8,8 @@ from fastapi.responses import Response
 from service.api.bodies import body, responses
 from service.codec import read_model, render
 from service.models import VerifyRequest, VerifyResponse
-from service.validation import raise_if, validate_params
+from service.pipeline import call_timeout, run_calls
+from service.validation import check_timeout, raise_if, validate_params
 from verifiers import Sample, get_verifier
 from workers.executor import VerifyCall
 
@@ -25,10 +26,10 @@ async def verify(verifier: str, request: Request) -> Response:
     except KeyError as exc:
         raise HTTPException(404, exc.args[0]) from None
     req = await read_model(request, VerifyRequest)
-    raise_if(validate_params(impl.Params, req.params, ("body", "params")))
     settings = request.app.state.settings
-    timeout = min(req.timeout_s or settings.verifier_timeout_s, settings.max_verifier_timeout_s)
+    raise_if(validate_params(impl.Params, req.params, ("body", "params"))
+             + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
     call = VerifyCall(verifier, Sample(req.completion, req.prompt, req.num_tokens),
-                      req.reference, req.params, timeout)
-    [result] = await request.app.state.executor.run([call])
+                      req.reference, req.params, call_timeout(req.timeout_s, settings))
+    [result] = await run_calls([call], request.app.state.executor)
     return render(request, result.outcome.to_dict())

@@ -28,7 +28,7 @@ from service import advantages as adv  # noqa: E402
 from service import pipeline  # noqa: E402
 from service.client import RewarddClient, _decode, _encode  # noqa: E402
 from service.models import AdvantagesRequest  # noqa: E402
-from tests.benchmarks.serve import running_server  # noqa: E402
+from tests.support.server import running_server  # noqa: E402
 
 
 def make_request(groups: int, rollouts: int, tokens: int, output: str) -> dict[str, Any]:

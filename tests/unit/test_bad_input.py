@@ -34,7 +34,7 @@ class RefusingExecutor(Executor):
         self.run_calls += 1
         raise AssertionError(f"executor.run called with {len(calls)} calls during validation")
 
-    async def ready(self) -> bool:
+    async def ready(self, wait_s: float = 5.0) -> bool:
         return True
 
     def describe(self) -> dict[str, Any]:
@@ -679,3 +679,9 @@ def test_weight_beyond_its_bound_is_422(client):
     body = score_body()
     body["rewards"][0]["weight"] = 1e9
     error_at(client.post("/v1/score", json=body), ["body", "rewards", 0, "weight"])
+
+
+def test_verify_timeout_over_the_server_limit_is_422(client):
+    resp = client.post("/v1/verify/math", json={"completion": "x", "timeout_s": 1e6})
+    err = error_at(resp, ["body", "timeout_s"])
+    assert "over the server's limit" in err["msg"]

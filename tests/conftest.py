@@ -1,0 +1,23 @@
+"""Shared fixtures: a real ``rewardd serve`` process for the end-to-end tests."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.support.server import ServerFailed, running_server
+
+SERVER_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    """Base URL of a real uvicorn server (embedded pool of 2, faulty test plugins loaded)."""
+    try:
+        with running_server("--pool-size", "2", "--plugins", "tests.plugins.faulty",
+                            "--verifier-timeout-s", "5",
+                            "--max-body-bytes", str(SERVER_MAX_BODY_BYTES)) as url:
+            yield url
+    except ServerFailed as exc:
+        pytest.fail(str(exc))

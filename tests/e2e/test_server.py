@@ -1,0 +1,493 @@
+"""End to end against a real ``rewardd serve`` process, through ``service.client``.
+
+Every number checked here is recomputed in the test from first principles (the returned
+rewards, the estimator formulas of ARCHITECTURE.md / ESTIMATORS.md), not read back from
+the library under test.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.client import AsyncRewarddClient, RewarddClient, RewarddError
+from service.models import ScoreRequest, ScoreResponse, VerifyResponse
+from tests.conftest import SERVER_MAX_BODY_BYTES
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "openapi" / "examples"
+EPS = 1e-6  # rewardd profile epsilon
+REL = 1e-12
+
+
+def example(name: str) -> dict[str, Any]:
+    return json.loads((EXAMPLES / name).read_text())
+
+
+def grpo_expected(rewards: list[float], eps: float = EPS) -> list[float]:
+    """(r - mean) / (unbiased std + eps); 0 for a zero-spread group."""
+    if len(set(rewards)) == 1:
+        return [0.0] * len(rewards)
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def fallback_used(cell: dict[str, Any]) -> bool:
+    """``fallback_used`` may be omitted when false; absent means false."""
+    return bool(cell.get("fallback_used", False))
+
+
+# ---- the bundled example batch --------------------------------------------------------------
+
+def test_healthz(server: str) -> None:
+    with RewarddClient(server) as client:
+        body = client.health()
+    assert body["status"] == "ok"
+    assert httpx.get(f"{server}/healthz").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def example_results(server: str) -> dict[str, dict[str, Any]]:
+    batch = example("math_batch.json")
+    out = {}
+    for wire in ("json", "msgpack"):
+        with RewarddClient(server, wire=wire) as client:
+            out[wire] = client.score(batch)
+    return out
+
+
+def test_example_batch_shape_and_schema(example_results: dict[str, dict[str, Any]]) -> None:
+    batch = example("math_batch.json")
+    for wire, result in example_results.items():
+        ScoreResponse.model_validate(result)
+        assert [g["group_id"] for g in result["groups"]] == [g["group_id"] for g in batch["groups"]]
+        assert len(result["groups"]) == 8
+        for group, sent in zip(result["groups"], batch["groups"]):
+            assert len(group["rollouts"]) == 4, wire
+            assert [r["rollout_id"] for r in group["rollouts"]] == \
+                [r["rollout_id"] for r in sent["rollouts"]]
+            for rollout, sent_rollout in zip(group["rollouts"], sent["rollouts"]):
+                assert rollout["rewards"]["correct"] in (0.0, 1.0), rollout
+                assert rollout["rewards"]["format"] in (0.0, 1.0), rollout
+                assert rollout["status"]["correct"]["ok"] is True
+                assert rollout["excluded"] is False
+                assert rollout["num_tokens"] == sent_rollout["num_tokens"]
+        s = result["summary"]
+        assert (s["rollouts"], s["groups"], s["failed_cells"], s["excluded_rollouts"]) == \
+            (32, 8, 0, 0)
+        assert result["run_id"] == "example-run"
+        assert result["estimator"] == "grpo" and result["profile"] == "rewardd"
+
+
+def test_example_batch_json_equals_msgpack(example_results: dict[str, dict[str, Any]]) -> None:
+    assert example_results["json"] == example_results["msgpack"]
+
+
+@pytest.mark.parametrize("rollout_id,correct", [
+    ("q0-0", 1.0),   # \boxed{\frac{3}{4}} vs \frac{3}{4}
+    ("q0-3", 0.0),   # 2/6 != 3/4
+    ("q1-1", 0.0),   # x = \boxed{5} vs 4
+    ("q1-0", 1.0),   # \boxed{4}
+    ("q2-1", 0.0),   # 146 != 156
+    ("q3-1", 1.0),   # sqrt(50) == 5 sqrt(2)
+    ("q3-2", 0.0),   # 25 sqrt(2) != 5 sqrt(2)
+    ("q4-2", 0.0),   # 1/2 != 1/4
+    ("q5-1", 1.0),   # (x+1)^2 == x^2+2x+1
+    ("q5-2", 0.0),   # x^2+1
+    ("q6-2", 0.0),   # 9 != 8
+])
+def test_example_batch_math_spot_checks(example_results: dict[str, dict[str, Any]],
+                                        rollout_id: str, correct: float) -> None:
+    rollouts = {r["rollout_id"]: r for g in example_results["json"]["groups"]
+                for r in g["rollouts"]}
+    assert rollouts[rollout_id]["rewards"]["correct"] == correct
+
+
+def test_example_batch_rewards_and_advantages_by_hand(
+        example_results: dict[str, dict[str, Any]]) -> None:
+    result = example_results["json"]
+    weights = {"correct": 1.0, "format": 0.1}
+    for group in result["groups"]:
+        for rollout in group["rollouts"]:
+            expected = sum(weights[k] * v for k, v in rollout["rewards"].items())
+            assert rollout["reward"] == pytest.approx(expected, rel=REL, abs=1e-15)
+        rewards = [r["reward"] for r in group["rollouts"]]
+        expected_adv = grpo_expected(rewards)
+        for rollout, a in zip(group["rollouts"], expected_adv):
+            rle = rollout["advantages"]["rle"]
+            assert len(rle) == 1, rle
+            value, length = rle[0]
+            assert length == rollout["num_tokens"]
+            assert value == pytest.approx(a, rel=REL, abs=1e-15), (rollout["rollout_id"], rle)
+        diag = group["diagnostics"]
+        assert diag["baseline_size"] == 4 and diag["excluded"] == []
+        assert diag["reward_mean"] == pytest.approx(statistics.fmean(rewards), rel=REL)
+        assert diag["reward_std"] == pytest.approx(statistics.stdev(rewards), rel=REL)
+        assert diag["zero_spread"] is (len(set(rewards)) == 1)
+
+
+def test_client_accepts_pydantic_models(server: str,
+                                        example_results: dict[str, dict[str, Any]]) -> None:
+    request = ScoreRequest.model_validate(example("math_batch.json"))
+    with RewarddClient(server, wire="msgpack") as client:
+        assert client.score(request)["groups"] == example_results["json"]["groups"]
+
+
+# ---- /v1/advantages (async client) ----------------------------------------------------------
+
+@pytest.mark.parametrize("wire", ["json", "msgpack"])
+async def test_advantages_example_async(server: str, wire: str) -> None:
+    async with AsyncRewarddClient(server, wire=wire) as client:
+        result = await client.advantages(example("advantages.json"))
+    ScoreResponse.model_validate(result)
+    assert result["estimator"] == "rloo" and result["profile"] == "verl"
+    [group] = result["groups"]
+    by_id = {r["rollout_id"]: r for r in group["rollouts"]}
+    assert [by_id[i]["reward"] for i in ("g0-0", "g0-1", "g0-2")] == [1.0, 0.0, 0.5]
+    # rloo: a_i = r_i - mean of the others: 1 - 0.25, 0 - 0.75, 0.5 - 0.5
+    assert by_id["g0-0"]["advantages"] == {"rle": [[0.75, 2], [0.0, 2], [0.75, 2]]}  # masked
+    assert by_id["g0-1"]["advantages"] == {"rle": [[-0.75, 4]]}
+    assert by_id["g0-2"]["advantages"] == {"rle": [[0.0, 5]]}
+    assert group["diagnostics"]["baseline_size"] == 3
+    assert result["summary"]["rollouts"] == 3
+
+
+# ---- failure cells through the real worker pool -----------------------------------------------
+
+FAILING = {
+    "timeout": {"verifier": "test_sleep", "params": {"seconds": 30}, "timeout_s": 1},
+    "crashed": {"verifier": "test_crash"},
+    "error": {"verifier": "test_raise"},
+}
+ECHO = ["1", "0", "1", "0"]
+
+
+def failing_request(kind: str, fallback: float | None, completions: list[str] = ECHO,
+                    ) -> dict[str, Any]:
+    bad = {"name": "bad", "weight": 0.5, **FAILING[kind]}
+    if fallback is not None:
+        bad["fallback"] = fallback
+    return {
+        "groups": [{"group_id": "g", "rollouts": [
+            {"rollout_id": f"r{i}", "completion": c, "num_tokens": 3}
+            for i, c in enumerate(completions)]}],
+        "rewards": [{"name": "echo", "verifier": "test_echo", "weight": 1.0}, bad],
+        "advantage": {"estimator": "grpo", "output": "rle"},
+    }
+
+
+@pytest.mark.parametrize("kind", list(FAILING))
+def test_failed_cell_excludes_rollouts(server: str, kind: str) -> None:
+    with RewarddClient(server) as client:
+        result = client.score(failing_request(kind, None))
+    ScoreResponse.model_validate(result)
+    [group] = result["groups"]
+    for rollout, echo in zip(group["rollouts"], ECHO):
+        assert rollout["status"]["echo"]["ok"] is True
+        assert rollout["rewards"]["echo"] == float(echo)
+        cell = rollout["status"]["bad"]
+        assert cell["ok"] is False and cell["error"] == kind, cell
+        assert cell["detail"].get("message"), cell
+        assert not fallback_used(cell)
+        assert rollout["rewards"]["bad"] is None
+        assert rollout["reward"] is None
+        assert rollout["excluded"] is True
+        assert rollout["advantages"] == {"rle": [[0.0, 3]]}
+    if kind == "timeout":
+        assert group["rollouts"][0]["status"]["bad"]["detail"]["limit_s"] == 1.0
+    diag = group["diagnostics"]
+    assert diag["excluded"] == ["r0", "r1", "r2", "r3"]
+    assert diag["baseline_size"] == 0
+    s = result["summary"]
+    assert (s["failed_cells"], s["excluded_rollouts"], s["zero_advantage_fraction"]) == (4, 4, 1.0)
+
+
+@pytest.mark.parametrize("kind", list(FAILING))
+def test_failed_cell_with_fallback(server: str, kind: str) -> None:
+    with RewarddClient(server) as client:
+        result = client.score(failing_request(kind, 0.5))
+    ScoreResponse.model_validate(result)
+    [group] = result["groups"]
+    expected_rewards = [float(e) * 1.0 + 0.5 * 0.5 for e in ECHO]  # [1.25, 0.25, 1.25, 0.25]
+    expected_adv = grpo_expected(expected_rewards)
+    for rollout, reward, a in zip(group["rollouts"], expected_rewards, expected_adv):
+        cell = rollout["status"]["bad"]
+        assert cell["ok"] is False and cell["error"] == kind, cell
+        assert fallback_used(cell) is True
+        assert rollout["rewards"]["bad"] == 0.5
+        assert rollout["excluded"] is False
+        assert rollout["reward"] == pytest.approx(reward, rel=REL)
+        [[value, length]] = rollout["advantages"]["rle"]
+        assert length == 3
+        assert value == pytest.approx(a, rel=REL)
+    # the hand-computed values: mean 0.75, unbiased std sqrt(1/3)
+    assert expected_adv[0] == pytest.approx(0.5 / (3 ** -0.5 + EPS), rel=REL)
+    assert group["diagnostics"]["excluded"] == []
+    assert group["diagnostics"]["baseline_size"] == 4
+    s = result["summary"]
+    assert (s["failed_cells"], s["excluded_rollouts"]) == (4, 0)
+
+
+def test_one_failed_rollout_leaves_the_baseline(server: str) -> None:
+    """Only r3 fails (test_echo cannot parse 'x'): the baseline is r0..r2."""
+    request = {"groups": [{"group_id": "g", "rollouts": [
+        {"rollout_id": f"r{i}", "completion": c, "num_tokens": 2}
+        for i, c in enumerate(["1", "0", "1", "x"])]}],
+        "rewards": [{"name": "echo", "verifier": "test_echo"}]}
+    with RewarddClient(server) as client:
+        result = client.score(request)
+    rollouts = result["groups"][0]["rollouts"]
+    assert rollouts[3]["status"]["echo"]["error"] == "error"
+    assert rollouts[3]["excluded"] is True and rollouts[3]["advantages"] == {"rle": [[0.0, 2]]}
+    expected = grpo_expected([1.0, 0.0, 1.0])
+    for rollout, a in zip(rollouts[:3], expected):
+        assert rollout["advantages"]["rle"][0][0] == pytest.approx(a, rel=REL)
+    assert result["groups"][0]["diagnostics"]["excluded"] == ["r3"]
+    assert result["groups"][0]["diagnostics"]["baseline_size"] == 3
+
+
+def test_pool_recovers_after_crash_and_timeout(server: str,
+                                               example_results: dict[str, Any]) -> None:
+    with RewarddClient(server) as client:
+        crashed = client.score(failing_request("crashed", None, ["1", "0"]))
+        assert crashed["summary"]["failed_cells"] == 2
+        timed_out = client.score(failing_request("timeout", None, ["1", "0"]))
+        assert timed_out["summary"]["failed_cells"] == 2
+        again = client.score(example("math_batch.json"))
+    assert again["groups"] == example_results["json"]["groups"]
+    ready = httpx.get(f"{server}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "ready"
+
+
+# ---- single verify and catalogues -----------------------------------------------------------
+
+@pytest.mark.parametrize("wire", ["json", "msgpack"])
+def test_verify_math(server: str, wire: str) -> None:
+    with RewarddClient(server, wire=wire) as client:
+        result = client.verify("math", "2x = 8, so x = \\boxed{4}", {"answer": "4"})
+        wrong = client.verify("math", "x = \\boxed{5}", {"answer": "4"})
+    VerifyResponse.model_validate(result)
+    assert result["ok"] is True and result["reward"] == 1.0 and result["error"] is None
+    assert result["detail"]["extracted"] == "4"
+    assert wrong["ok"] is True and wrong["reward"] == 0.0
+
+
+def test_verify_unknown_verifier_is_404(server: str) -> None:
+    with RewarddClient(server) as client, pytest.raises(RewarddError) as info:
+        client.verify("no_such_verifier", "x")
+    assert info.value.status == 404
+    assert "no_such_verifier" in str(info.value.detail)
+
+
+def test_verifiers_catalogue(server: str) -> None:
+    with RewarddClient(server) as client:
+        catalogue = {v["name"]: v for v in client.verifiers()}
+    assert {"math", "exact_match", "regex", "length"} <= set(catalogue)
+    for name in ("math", "exact_match", "regex", "length"):
+        assert catalogue[name]["description"]
+        for param in catalogue[name]["params"]:
+            assert {"name", "type", "default", "required"} <= set(param), param
+    math_params = {p["name"]: p for p in catalogue["math"]["params"]}
+    assert math_params["extract"]["default"] == "auto"
+    assert math_params["strict"] == {**math_params["strict"], "type": "bool", "default": True}
+    assert math_params["float_rounding"]["default"] == 6
+    regex_params = {p["name"]: p for p in catalogue["regex"]["params"]}
+    assert regex_params["pattern"]["required"] is True and regex_params["pattern"]["type"] == "str"
+    assert "answer" in catalogue["math"]["reference_fields"]
+
+
+def test_estimators_catalogue(server: str) -> None:
+    with RewarddClient(server) as client:
+        catalogue = {e["name"]: e for e in client.estimators()}
+    assert {"grpo", "dr_grpo", "rloo"} <= set(catalogue)
+    for name in ("grpo", "dr_grpo", "rloo"):
+        entry = catalogue[name]
+        assert entry["formula"] and entry["source"]
+        assert {"rewardd", "verl", "trl", "openrlhf"} <= set(entry["profiles"])
+    profiles = catalogue["grpo"]["profiles"]
+    assert profiles["verl"]["eps"] == 1e-6 and profiles["verl"]["std_ddof"] == 1
+    assert profiles["rewardd"]["eps"] == 1e-6
+    assert profiles["trl"]["eps"] == 1e-4
+    assert profiles["openrlhf"]["eps"] == 1e-9
+    assert "std" in catalogue["grpo"]["formula"]
+    assert "j != i" in catalogue["rloo"]["formula"]
+
+
+# ---- metrics -------------------------------------------------------------------------------
+
+def scrape(server: str) -> dict[tuple[str, frozenset], float]:
+    response = httpx.get(f"{server}/metrics", timeout=10)
+    assert response.status_code == 200
+    out = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_count_what_happened(server: str) -> None:
+    score_200 = {"route": "/v1/score", "method": "POST", "status": "200"}
+    before = scrape(server)
+    with RewarddClient(server) as client:
+        client.score(example("math_batch.json"))
+    middle = scrape(server)
+
+    def delta(a: dict, b: dict, name: str, **labels: str) -> float:
+        return metric(b, name, **labels) - metric(a, name, **labels)
+
+    assert delta(before, middle, "rewardd_http_requests_total", **score_200) == 1
+    assert delta(before, middle, "rewardd_http_request_duration_seconds_count", **score_200) == 1
+    assert delta(before, middle, "rewardd_http_request_duration_seconds_bucket",
+                 le="+Inf", **score_200) == 1
+    assert delta(before, middle, "rewardd_verifier_outcomes_total",
+                 verifier="math", outcome="ok") == 32
+    assert delta(before, middle, "rewardd_verifier_outcomes_total",
+                 verifier="regex", outcome="ok") == 32
+    assert delta(before, middle, "rewardd_rollouts_scored_total") == 32
+    assert delta(before, middle, "rewardd_groups_scored_total") == 8
+    # zero_advantage_fraction 0.0 for the example: lands in the first bucket
+    assert delta(before, middle, "rewardd_batch_zero_advantage_fraction_count") == 1
+    assert delta(before, middle, "rewardd_batch_zero_advantage_fraction_bucket", le="0.0") == 1
+
+    with RewarddClient(server) as client:
+        # no timeout_s on the spec: the server's --verifier-timeout-s 5 applies
+        timed_out = client.score({"groups": [{"group_id": "t", "rollouts": [
+            {"rollout_id": "t0", "completion": "", "num_tokens": 1}]}],
+            "rewards": [{"name": "slow", "verifier": "test_sleep", "params": {"seconds": 30}}]})
+        cell = timed_out["groups"][0]["rollouts"][0]["status"]["slow"]
+        assert cell["error"] == "timeout" and cell["detail"]["limit_s"] == 5.0
+        with pytest.raises(RewarddError):
+            client.score({"groups": []})
+    after = scrape(server)
+    assert delta(middle, after, "rewardd_verifier_outcomes_total",
+                 verifier="test_sleep", outcome="timeout") == 1
+    assert delta(middle, after, "rewardd_rollouts_scored_total") == 1
+    assert delta(middle, after, "rewardd_http_requests_total", **score_200) == 1
+    assert delta(middle, after, "rewardd_http_requests_total",
+                 route="/v1/score", method="POST", status="422") == 1
+    # the lone timed-out rollout is excluded: zero_advantage_fraction 1.0
+    assert delta(middle, after, "rewardd_batch_zero_advantage_fraction_bucket", le="0.9") == 0
+    assert delta(middle, after, "rewardd_batch_zero_advantage_fraction_bucket", le="1.0") == 1
+    names = {name for name, _ in after}
+    for name in ("rewardd_http_requests_total", "rewardd_verifier_outcomes_total",
+                 "rewardd_rollouts_scored_total", "rewardd_batch_zero_advantage_fraction_bucket",
+                 "rewardd_http_request_duration_seconds_bucket"):
+        assert name in names
+
+
+# ---- body size limit -----------------------------------------------------------------------
+
+def oversized_request() -> dict[str, Any]:
+    return {"groups": [{"group_id": "big", "rollouts": [
+        {"rollout_id": "big-0", "completion": "x" * (SERVER_MAX_BODY_BYTES + 1024 * 1024),
+         "num_tokens": 1}]}],
+        "rewards": [{"name": "len", "verifier": "length", "params": {"max_length": 10}}]}
+
+
+@pytest.mark.parametrize("wire", ["json", "msgpack"])
+def test_body_over_limit_is_413(server: str, wire: str) -> None:
+    with RewarddClient(server, wire=wire) as client, pytest.raises(RewarddError) as info:
+        client.score(oversized_request())
+    assert info.value.status == 413
+    assert "REWARDD_MAX_BODY_BYTES" in str(info.value.detail)
+
+
+def test_chunked_body_over_limit_is_413(server: str) -> None:
+    """No Content-Length: the limit is enforced while streaming."""
+    def chunks():
+        yield b'{"groups": ['
+        for _ in range(9):
+            yield b" " * (1024 * 1024)
+        yield b"]}"
+
+    response = httpx.post(f"{server}/v1/score", content=chunks(),
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 413, response.text
+    # still serving afterwards
+    assert httpx.get(f"{server}/healthz").status_code == 200
+
+
+# ---- limits, other endpoints, readiness under load -------------------------------------------
+
+def test_timeout_over_the_server_cap_is_422(server: str) -> None:
+    with RewarddClient(server) as client, pytest.raises(RewarddError) as info:
+        client.score({"groups": [{"group_id": "d", "rollouts": [{"rollout_id": "d0"}]}],
+                      "rewards": [{"name": "slow", "verifier": "test_sleep",
+                                   "timeout_s": 1000}], "advantage": {"output": "none"}})
+    assert info.value.status == 422
+    assert ["body", "rewards", 0, "timeout_s"] in [e["loc"] for e in info.value.detail]
+
+
+def test_rewards_endpoint_has_no_advantages(server: str,
+                                            example_results: dict[str, Any]) -> None:
+    batch = example("math_batch.json")
+    del batch["advantage"]
+    with RewarddClient(server, wire="msgpack") as client:
+        result = client.rewards(batch)
+    ScoreResponse.model_validate(result)
+    assert result["estimator"] is None and result["summary"]["zero_advantage_fraction"] is None
+    for group, scored in zip(result["groups"], example_results["json"]["groups"]):
+        for rollout, other in zip(group["rollouts"], scored["rollouts"]):
+            assert rollout["advantages"] is None
+            assert rollout["rewards"] == other["rewards"] and rollout["reward"] == other["reward"]
+
+
+def test_dense_advantages_json_equals_msgpack(server: str) -> None:
+    request = example("advantages.json")
+    request["advantage"]["output"] = "dense"
+    results = {}
+    for wire in ("json", "msgpack"):
+        with RewarddClient(server, wire=wire) as client:
+            results[wire] = client.advantages(request)
+    assert results["json"] == results["msgpack"]
+    dense = {r["rollout_id"]: r["advantages"] for r in results["json"]["groups"][0]["rollouts"]}
+    assert dense == {"g0-0": [0.75, 0.75, 0.0, 0.0, 0.75, 0.75], "g0-1": [-0.75] * 4,
+                     "g0-2": [0.0] * 5}
+
+
+def test_readyz_answers_promptly_while_every_worker_is_busy(server: str) -> None:
+    def occupy() -> None:  # both workers sleep 8 s (limit 15 s)
+        with RewarddClient(server) as client:
+            client.score({"groups": [{"group_id": "busy", "rollouts": [
+                {"rollout_id": f"busy{i}", "completion": ""} for i in range(2)]}],
+                "rewards": [{"name": "s", "verifier": "test_sleep", "params": {"seconds": 8},
+                             "timeout_s": 15}], "advantage": {"output": "none"}})
+
+    worker = threading.Thread(target=occupy)
+    worker.start()
+    try:
+        time.sleep(0.7)  # let both workers pick up their sleep
+        try:
+            response = httpx.get(f"{server}/readyz", timeout=5.5)
+        except httpx.TimeoutException:
+            pytest.fail("/readyz did not answer within 5.5 s while the pool was busy")
+        assert response.status_code in (200, 503)
+    finally:
+        worker.join(timeout=30)
+
+
+def test_single_verify_calls_are_counted_in_verifier_metrics(server: str) -> None:
+    before = scrape(server)
+    with RewarddClient(server) as client:
+        assert client.verify("math", "\\boxed{2}", {"answer": "2"})["reward"] == 1.0
+    after = scrape(server)
+    assert (metric(after, "rewardd_verifier_outcomes_total", verifier="math", outcome="ok")
+            - metric(before, "rewardd_verifier_outcomes_total", verifier="math",
+                     outcome="ok")) == 1
+    assert (metric(after, "rewardd_verifier_duration_seconds_count", verifier="math")
+            - metric(before, "rewardd_verifier_duration_seconds_count", verifier="math")) == 1

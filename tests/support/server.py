@@ -1,0 +1,76 @@
+"""Start a real ``rewardd serve`` process (for end-to-end tests and benchmarks) and stop it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServerFailed(RuntimeError):
+    """The server exited or never became ready; the message carries its log."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    """Environment for rewardd child processes: no stray REWARDD_* settings, repo importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDD_")}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+@contextlib.contextmanager
+def running_server(*flags: str, ready_within_s: float = 90.0) -> Iterator[str]:
+    """Yield the base URL of a fresh server started with ``flags``; SIGTERM it on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+           "--port", str(port), *flags]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+
+        def failed(reason: str) -> ServerFailed:
+            log.seek(0)
+            return ServerFailed(f"rewardd serve {reason}:\n{log.read().decode(errors='replace')}")
+
+        try:
+            deadline = time.monotonic() + ready_within_s
+            while True:
+                if proc.poll() is not None:
+                    raise failed(f"exited with {proc.returncode} before it was ready")
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise failed(f"was not ready within {ready_within_s:g} s")
+                time.sleep(0.25)
+            yield url
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
