@@ -20,7 +20,8 @@ from tqdm import tqdm
 from service import pipeline
 from service.models import AdvantagesRequest, ScoreRequest
 from service.settings import Settings
-from service.validation import RequestInvalid, pydantic_errors
+from service.validation import (RequestInvalid, pydantic_errors, validate_advantages,
+                                validate_score)
 
 
 class BatchInvalid(Exception):
@@ -75,9 +76,9 @@ def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settin
         try:
             request = model.model_validate(data)
             if isinstance(request, ScoreRequest):
-                pipeline.validate_score(request, settings)
+                validate_score(request, settings)
             else:
-                pipeline.validate_advantages(request)
+                validate_advantages(request)
         except ValidationError as exc:
             errors = pydantic_errors(exc, ("body",))
         except RequestInvalid as exc:

@@ -19,29 +19,9 @@ from service.models import (AdvantageSpec, AdvantagesRequest, Profile, RewardSpe
 from service.settings import Settings
 from service.table import (Column, Combined, FlatBatch, combine, precomputed_columns,
                            verifier_columns)
-from service.validation import (RequestInvalid, check_advantage, check_component_names,
-                                check_groups, check_reward_specs, error, raise_if,
-                                resolved_num_tokens)
+from service.validation import resolved_num_tokens, validate_advantages, validate_score
 from verifiers.base import Sample
 from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
-
-
-def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
-    spec = getattr(req, "advantage", None)
-    needs_tokens = spec.output if spec is not None and spec.output in ("dense", "rle") else None
-    errors = check_groups(req.groups, needs_tokens)
-    errors += check_reward_specs(req.rewards, settings)
-    errors += check_component_names(req.rewards, req.groups)
-    if spec is not None:
-        errors += check_advantage(spec, req.groups)
-    raise_if(errors)
-
-
-def validate_advantages(req: AdvantagesRequest) -> None:
-    spec = req.advantage
-    needs_tokens = spec.output if spec.output in ("dense", "rle") else None
-    errors = check_groups(req.groups, needs_tokens) + check_advantage(spec, req.groups)
-    raise_if(errors)
 
 
 def call_timeout(requested_s: float | None, settings: Settings) -> float:
@@ -113,9 +93,6 @@ def _advantages(req: AdvantagesRequest) -> dict[str, Any]:
     validate_advantages(req)
     flat = FlatBatch.of(req.groups)
     columns = precomputed_columns(flat.rollouts, req.advantage.weights)
-    if not columns:
-        raise RequestInvalid([error(("body", "groups"), "no rewards: send 'reward' or "
-                                    "'rewards' on each rollout, or use /v1/score with verifiers")])
     return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), req.advantage)
 
 

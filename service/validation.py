@@ -14,7 +14,8 @@ from typing import Any, Iterable, Sequence
 from pydantic import BaseModel, ValidationError
 
 from service.advantages import get_estimator, pins_for
-from service.models import AdvantageSpec, Group, RewardSpec, Rollout
+from service.models import (AdvantageSpec, AdvantagesRequest, Group, RewardSpec, RewardsRequest,
+                            Rollout, ScoreRequest)
 from service.settings import Settings
 from verifiers import get_verifier
 
@@ -192,3 +193,29 @@ def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) 
 def raise_if(errors: list[dict]) -> None:
     if errors:
         raise RequestInvalid(errors)
+
+
+def _tokens_needed_for(spec: AdvantageSpec | None) -> str | None:
+    """The output format that needs num_tokens on every rollout, if any."""
+    return spec.output if spec is not None and spec.output in ("dense", "rle") else None
+
+
+def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
+    """Every cross-field rule of a /v1/score or /v1/rewards body; raises RequestInvalid."""
+    spec = getattr(req, "advantage", None)
+    errors = check_groups(req.groups, _tokens_needed_for(spec))
+    errors += check_reward_specs(req.rewards, settings)
+    errors += check_component_names(req.rewards, req.groups)
+    if spec is not None:
+        errors += check_advantage(spec, req.groups)
+    raise_if(errors)
+
+
+def validate_advantages(req: AdvantagesRequest) -> None:
+    """Every cross-field rule of a /v1/advantages body; raises RequestInvalid."""
+    errors = check_groups(req.groups, _tokens_needed_for(req.advantage))
+    errors += check_advantage(req.advantage, req.groups)
+    if not any(r.reward is not None or r.rewards for g in req.groups for r in g.rollouts):
+        errors.append(error(("body", "groups"), "no rewards: send 'reward' or 'rewards' on "
+                            "each rollout, or use /v1/score with verifiers"))
+    raise_if(errors)

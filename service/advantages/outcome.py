@@ -9,6 +9,7 @@ profile's singleton rule.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from service.advantages.groups import GroupStats, OutcomeBatch, group_stats
@@ -35,17 +36,24 @@ def _finish(batch: OutcomeBatch, adv: Tensor, singleton_value: Tensor, pins: Pin
     return torch.where(keep, adv, zero) + 0.0
 
 
+class GrpoParams(EstimatorParams):
+    eps: float | None = Field(None, gt=0, le=1.0)
+    """Epsilon added to the group std; unset uses the profile's (rewardd/verl 1e-6, trl 1e-4,
+    openrlhf 1e-9)."""
+
+
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
-          source="DeepSeekMath (GRPO); verl compute_grpo_outcome_advantage")
-def grpo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
-    """Group-normalised reward: centre on the group mean, divide by the group std plus the
-    profile's epsilon. A zero-spread group gets 0 everywhere (0 / eps). Under verl's
-    singleton rule a lone rollout keeps r / (1 + eps)."""
+          source="DeepSeekMath (GRPO); verl compute_grpo_outcome_advantage", params=GrpoParams)
+def grpo(batch: OutcomeBatch, params: GrpoParams, pins: Pins) -> Tensor:
+    """Group-normalised reward: centre on the group mean, divide by the group std plus
+    epsilon. A zero-spread group gets exactly 0. Under verl's singleton rule a lone rollout
+    keeps r / (1 + eps)."""
+    eps = params.eps if params.eps is not None else pins.eps
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
     std = torch.nan_to_num(stats.std, nan=0.0)
-    adv = (batch.rewards - stats.mean[g]) / (std[g] + pins.eps)
-    return _finish(batch, adv, batch.rewards / (1.0 + pins.eps), pins, stats)
+    adv = (batch.rewards - stats.mean[g]) / (std[g] + eps)
+    return _finish(batch, adv, batch.rewards / (1.0 + eps), pins, stats)
 
 
 @register("dr_grpo", formula="a_i = r_i - mean_g r",

@@ -606,3 +606,19 @@ def test_response_validates_against_score_response_model(output, profile):
 
 def test_library_exports_registry_with_the_three_outcome_estimators():
     assert {"grpo", "dr_grpo", "rloo"} <= set(adv.ESTIMATORS)
+
+
+def test_grpo_eps_param_overrides_the_profile_epsilon():
+    resp = run(scalar_groups([[1.0, 0.0, 0.0, 0.0]]), profile="verl", output="scalar",
+               params={"eps": 0.5})
+    got = [r["advantages"] for r in resp["groups"][0]["rollouts"]]
+    assert got == [0.75 / (0.5 + 0.5), -0.25 / (0.5 + 0.5), -0.25 / 1.0, -0.25 / 1.0]
+
+
+def test_estimator_catalogue_lists_grpo_eps_with_type_and_default():
+    from service.api.catalogue import list_estimators
+
+    grpo = next(e for e in list_estimators() if e.name == "grpo")
+    [eps] = grpo.params
+    assert (eps.name, eps.required, eps.default) == ("eps", False, None)
+    assert "float" in eps.type and "profile" in eps.description
