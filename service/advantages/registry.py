@@ -7,6 +7,7 @@ tensors out. Registering it here is all it takes for the API, the CLI and
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,7 +50,7 @@ def register(name: str, *, formula: str, source: str,
         if name in ESTIMATORS:
             raise ValueError(f"estimator {name!r} registered twice")
         ESTIMATORS[name] = Estimator(name=name, fn=fn, Params=params, formula=formula,
-                                     source=source, description=(fn.__doc__ or "").strip(),
+                                     source=source, description=inspect.getdoc(fn) or "",
                                      inputs=inputs)
         return fn
 
