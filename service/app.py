@@ -11,10 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service import __version__
-from service.api import catalogue, health, score, verify
+from service.api import catalogue, health, runs, score, verify
 from service.codec import BodyError
 from service.metrics import MetricsMiddleware
 from service.openapi import build_openapi
+from service.runstate import MemoryRunStore
 from service.settings import Settings, get_settings
 from service.validation import RequestInvalid
 from workers.executor import Executor
@@ -53,7 +54,8 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
                   lifespan=lifespan)
     app.state.settings = settings
     app.state.executor = executor
-    for router in (score.router, verify.router, catalogue.router, health.router):
+    app.state.runs = MemoryRunStore(settings.run_state_ttl_s)
+    for router in (score.router, verify.router, catalogue.router, runs.router, health.router):
         app.include_router(router)
     app.add_middleware(MetricsMiddleware)
     _add_error_handlers(app)

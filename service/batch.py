@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from service import pipeline
 from service.models import AdvantagesRequest, ScoreRequest
+from service.runstate import MemoryRunStore
 from service.settings import Settings
 from service.validation import (RequestInvalid, pydantic_errors, validate_advantages,
                                 validate_score)
@@ -97,13 +98,15 @@ async def _run(jobs: list[Job], settings: Settings, bar: tqdm) -> list[dict[str,
     from workers.embedded import EmbeddedExecutor
 
     executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
+    runs = MemoryRunStore(settings.run_state_ttl_s)  # state lives for this command's run
     try:
         results = []
         for job in jobs:
             if isinstance(job.request, ScoreRequest):
-                results.append(await pipeline.score(job.request, executor, settings, bar.update))
+                results.append(await pipeline.score(job.request, executor, settings, bar.update,
+                                                    runs))
             else:
-                results.append(pipeline.advantages(job.request))
+                results.append(pipeline.advantages(job.request, runs))
                 bar.update(sum(len(g.rollouts) for g in job.request.groups))
         return results
     finally:

@@ -48,6 +48,18 @@ class Turn(Contract):
     reward: RewardValue | None = Field(None, description="Per-turn reward, for turn-level credit.")
 
 
+class Step(Contract):
+    """One agent step of a rollout (a token span) for step-level credit assignment."""
+
+    start: int = Field(ge=0, description="First token index of the step.")
+    end: int = Field(ge=0, description="One past the last token index of the step.")
+    key: str | None = Field(None, description="Anchor-state key: steps of a group with the "
+                            "same key form a step group (gigpo).")
+    embedding: list[FiniteFloat] | None = Field(
+        None, description="State embedding; steps are grouped by cosine similarity (bipace).")
+    reward: RewardValue | None = Field(None, description="Step (process) reward.")
+
+
 class Rollout(Contract):
     """One completion of a group's prompt, with what verifiers and estimators need."""
 
@@ -63,10 +75,21 @@ class Rollout(Contract):
     segments: list[Segment] | None = Field(
         None, description="Labelled, non-overlapping token spans inside [0, num_tokens).")
     turns: list[Turn] | None = Field(None, description="Turn spans of a multi-turn rollout.")
+    steps: list[Step] | None = Field(None, description="Agent steps, for step-level credit.")
     token_rewards: list[RewardValue] | None = Field(
         None, description="Per-token rewards (num_tokens entries).")
     values: list[FiniteFloat] | None = Field(
         None, description="Per-token value estimates (num_tokens entries).")
+    kl: list[FiniteFloat] | None = Field(
+        None, description="Per-token KL penalty terms (num_tokens entries), for reinforce_pp.")
+    signal: list[FiniteFloat] | None = Field(
+        None, description="Per-token external signal h (hindsight/teacher), for modulate.")
+    greedy: bool = Field(False, description="The group's greedy rollout (baseline of remax).")
+    label: Name | None = Field(
+        None, description="Intermediate outcome label (strata of outcome_conditioned).")
+    cluster: Name | None = Field(None, description="Strategy cluster (uniqueness).")
+    quality: FiniteFloat | None = Field(None, description="Quality score (gagar).")
+    answer: str | None = Field(None, description="Final answer, for majority votes (glpo).")
     reward: RewardValue | None = Field(
         None, description="Precomputed scalar reward; enters the table as the component 'reward'.")
     rewards: dict[Name, RewardValue | None] | None = Field(
@@ -82,6 +105,7 @@ class Group(Contract):
         default_factory=dict,
         description="Verifier references: math {'answer': ...}; exact_match {'answer': ...}.")
     rollouts: list[Rollout] = Field(min_length=1, description="The group's rollouts (N >= 1).")
+    data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
 
 
 class RewardSpec(Contract):
@@ -114,14 +138,34 @@ class Profile(str, Enum):
 OutputFormat = Literal["dense", "rle", "scalar", "none"]
 
 
+class Stage(Contract):
+    """One named entry of the advantage catalogue with its parameters."""
+
+    name: str = Field(description="Entry name; see GET /v1/estimators.")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
 class AdvantageSpec(Contract):
-    """How rewards become per-token advantages."""
+    """How rewards become per-token advantages: transforms -> estimator (or aggregate) ->
+    reweight -> filters, each entry from GET /v1/estimators."""
 
     estimator: str = Field("grpo", description="Estimator name; see GET /v1/estimators.")
     profile: Profile = Field(Profile.rewardd, description="Trainer conventions to reproduce.")
     params: dict[str, Any] = Field(default_factory=dict, description="Estimator parameters.")
-    aggregate: Literal["sum"] = Field(
-        "sum", description="Multi-reward aggregation: 'sum' is the weighted sum of components.")
+    aggregate: str = Field(
+        "sum", description="Multi-reward aggregation: 'sum' (weighted sum, then the estimator), "
+        "'gdpo', 'sa_mrpo', 'dara' or 'gd2po'.")
+    aggregate_params: dict[str, Any] = Field(default_factory=dict)
+    transforms: list[Stage] = Field(
+        default_factory=list, description="Reward transforms applied in order before the "
+        "estimator (rank, overlong, prm_clip, prm_delta).")
+    reweight: list[Stage] = Field(
+        default_factory=list, description="Reweighting applied in order after the estimator.")
+    filters: list[Stage] = Field(
+        default_factory=list, description="Filters and advice, reported under `advice`; never "
+        "applied to the advantages.")
+    components: bool = Field(
+        False, description="Also return each component's own advantages (scalar per rollout).")
     output: OutputFormat = Field(
         "rle", description="dense: floats per token; rle: [[value, length], ...]; "
         "scalar: one float per rollout; none: no advantages.")
@@ -197,6 +241,10 @@ class RolloutResult(BaseModel):
         description="Outcome of each verifier component, and of each precomputed value that "
         "was missing.")
     advantages: list[float] | RunLength | float | None = None
+    returns: list[float] | RunLength | float | None = Field(
+        None, description="Returns, where the estimator defines them (gae), in the output format.")
+    component_advantages: dict[str, float] | None = Field(
+        None, description="Per-component advantages, when `advantage.components` is true.")
     num_tokens: int | None = None
     excluded: bool = Field(
         False, description="A cell failed without fallback: the rollout left its group's "
@@ -234,6 +282,10 @@ class Summary(BaseModel):
     reward_std: float | None
     advantage_mean: float | None = None
     advantage_std: float | None = None
+    silent_group_fraction: float | None = Field(
+        None, description="Fraction of groups whose advantages are all zero (no signal).")
+    component_energy: dict[str, float] | None = Field(
+        None, description="Mean squared advantage of each component (multi-reward batches).")
 
 
 class ScoreResponse(BaseModel):
@@ -242,6 +294,11 @@ class ScoreResponse(BaseModel):
     profile: Profile | None = None
     groups: list[GroupResult]
     summary: Summary
+    advice: dict[str, Any] = Field(
+        default_factory=dict, description="Output of each requested filter, by name.")
+    report: dict[str, Any] = Field(
+        default_factory=dict, description="What entries report beside the advantages (for "
+        "example gd2po's conflict mask and consensus weights), by entry name.")
 
 
 class VerifyResponse(BaseModel):
@@ -268,6 +325,8 @@ class VerifierInfo(BaseModel):
 
 class EstimatorInfo(BaseModel):
     name: str
+    kind: str = Field(description="transform | estimator | aggregate | reweight | filter")
+    stateful: bool = Field(False, description="Keeps per-run state; needs run_id.")
     formula: str
     description: str
     source: str

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
         120.0, gt=0, description="Upper bound a request may set with a reward's `timeout_s`.")
     max_body_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Largest accepted request body; larger gets 413.")
+    run_state_ttl_s: float = Field(
+        7 * 24 * 3600, gt=0, description="Run state (difficulty anchors, UCB statistics) "
+        "expires this long after the run's last request.")
     plugins: str = Field(
         "", description="Comma-separated modules imported by the API and every verifier "
         "worker; a plugin calls verifiers.register() to add a verifier kind.")

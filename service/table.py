@@ -116,3 +116,19 @@ def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
         out.rewards.append(values)
         out.status.append(status)
     return out
+
+
+def component_matrix(columns: Sequence[Column]) -> tuple[list[list[float]], list[list[bool]]]:
+    """Per rollout, each component's value (its fallback when failed) and whether it has one."""
+    values: list[list[float]] = []
+    present: list[list[bool]] = []
+    for i in range(len(columns[0].cells) if columns else 0):
+        row, ok = [], []
+        for col in columns:
+            cell = col.cells[i]
+            value = cell.reward if cell.ok else col.fallback
+            row.append(value if value is not None else 0.0)
+            ok.append(value is not None)
+        values.append(row)
+        present.append(ok)
+    return values, present

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
-from service.advantages import get_estimator, pins_for
+from service.advantages import get_entry, pins_for
+from service.advantages.registry import Kind
 from service.models import (AdvantageSpec, AdvantagesRequest, Group, RewardSpec, RewardsRequest,
                             Rollout, ScoreRequest)
 from service.settings import Settings
@@ -22,7 +23,8 @@ from verifiers import get_verifier
 Loc = tuple[str | int, ...]
 MAX_TOKENS_PER_REQUEST = 1 << 27
 """Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""
-PER_TOKEN_FIELDS = ("mask", "token_rewards", "values")
+PER_TOKEN_FIELDS = ("mask", "token_rewards", "values", "kl", "signal")
+SPAN_FIELDS = ("segments", "turns", "steps")
 
 
 class RequestInvalid(Exception):
@@ -82,7 +84,7 @@ def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[
         errors.append(error(loc + ("reward",), "send either reward or rewards, not both"))
     n = resolved_num_tokens(rollout)
     if n is None:
-        given = [f for f in (*PER_TOKEN_FIELDS, "segments", "turns") if getattr(rollout, f)]
+        given = [f for f in (*PER_TOKEN_FIELDS, *SPAN_FIELDS) if getattr(rollout, f)]
         if given:
             errors.append(error(loc + ("num_tokens",), f"required when {given[0]} is given"))
         elif needs_tokens:
@@ -101,6 +103,8 @@ def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[
         errors.extend(_check_spans(rollout.segments, n, loc + ("segments",), "segment"))
     if rollout.turns:
         errors.extend(_check_spans(rollout.turns, n, loc + ("turns",), "turn"))
+    if rollout.steps:
+        errors.extend(_check_spans(rollout.steps, n, loc + ("steps",), "step"))
     return errors
 
 
@@ -160,13 +164,30 @@ def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list
     return []
 
 
-def check_advantage(spec: AdvantageSpec, groups: Sequence[Group]) -> list[dict]:
+def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
+                    run_id: str | None) -> list[dict]:
+    """Every stage names an entry of the right kind, with valid params and its inputs."""
     loc: Loc = ("body", "advantage")
-    try:
-        estimator = get_estimator(spec.estimator)
-    except KeyError as exc:
-        return [error(loc + ("estimator",), exc.args[0])]
-    errors = validate_params(estimator.Params, spec.params, loc + ("params",))
+    stages: list[tuple[Kind, str, dict[str, Any], Loc, Loc]] = [
+        ("estimator", spec.estimator, spec.params, loc + ("estimator",), loc + ("params",)),
+        ("aggregate", spec.aggregate, spec.aggregate_params, loc + ("aggregate",),
+         loc + ("aggregate_params",))]
+    for kind, field in (("transform", "transforms"), ("reweight", "reweight"),
+                        ("filter", "filters")):
+        stages += [(kind, s.name, s.params, loc + (field, k, "name"), loc + (field, k, "params"))
+                   for k, s in enumerate(getattr(spec, field))]
+    errors: list[dict] = []
+    for kind, name, params, name_loc, params_loc in stages:
+        try:
+            entry = get_entry(name, kind)
+        except KeyError as exc:
+            errors.append(error(name_loc, exc.args[0]))
+            continue
+        errors += validate_params(entry.Params, params, params_loc)
+        if entry.stateful and run_id is None:
+            errors.append(error(("body", "run_id"), f"{kind} {name!r} keeps per-run state: "
+                                "send a run_id"))
+        errors += check_inputs(entry.name, kind, entry.inputs, groups)
     if pins_for(spec.profile).equal_group_sizes:
         sizes = {len(g.rollouts) for g in groups}
         if len(sizes) > 1:
@@ -174,6 +195,32 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group]) -> list[dict]:
                                 f"groups of equal size (contiguous blocks); got sizes "
                                 f"{sorted(sizes)}"))
     return errors
+
+
+ROLLOUT_INPUTS = {"values", "token_rewards", "token_ids", "segments", "turns", "steps", "kl",
+                  "signal", "label", "cluster", "quality", "answer"}
+
+
+def check_inputs(name: str, kind: str, inputs: Sequence[str], groups: Sequence[Group]
+                 ) -> list[dict]:
+    """A missing input an entry needs is a 422 naming the entry and the field (first only)."""
+    for gi, group in enumerate(groups):
+        gloc: Loc = ("body", "groups", gi)
+        if "data_source" in inputs and group.data_source is None:
+            return [error(gloc + ("data_source",), f"{kind} {name!r} needs data_source on "
+                          "every group", "missing")]
+        if "greedy" in inputs and sum(r.greedy for r in group.rollouts) != 1:
+            return [error(gloc + ("rollouts",), f"{kind} {name!r} needs exactly one rollout "
+                          "with greedy: true in every group", "missing")]
+        for ri, rollout in enumerate(group.rollouts):
+            for field in inputs:
+                if field in ROLLOUT_INPUTS and getattr(rollout, field) is None:
+                    return [error(gloc + ("rollouts", ri, field), f"{kind} {name!r} needs "
+                                  f"{field} on every rollout", "missing")]
+            if "embeddings" in inputs and any(s.embedding is None for s in rollout.steps or ()):
+                return [error(gloc + ("rollouts", ri, "steps"), f"{kind} {name!r} needs an "
+                              "embedding on every step", "missing")]
+    return []
 
 
 def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> list[dict]:
@@ -207,14 +254,14 @@ def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> No
     errors += check_reward_specs(req.rewards, settings)
     errors += check_component_names(req.rewards, req.groups)
     if spec is not None:
-        errors += check_advantage(spec, req.groups)
+        errors += check_advantage(spec, req.groups, req.run_id)
     raise_if(errors)
 
 
 def validate_advantages(req: AdvantagesRequest) -> None:
     """Every cross-field rule of a /v1/advantages body; raises RequestInvalid."""
     errors = check_groups(req.groups, _tokens_needed_for(req.advantage))
-    errors += check_advantage(req.advantage, req.groups)
+    errors += check_advantage(req.advantage, req.groups, req.run_id)
     if not any(r.reward is not None or r.rewards for g in req.groups for r in g.rollouts):
         errors.append(error(("body", "groups"), "no rewards: send 'reward' or 'rewards' on "
                             "each rollout, or use /v1/score with verifiers"))

@@ -1,21 +1,24 @@
-"""The advantage library: estimators (registry), trainer profiles and token encodings.
+"""The advantage library: a registry of pure tensor functions, composed per request.
 
-``compute`` is the single entry point the pipeline calls: scalar rewards per rollout in,
-per-rollout advantages and group diagnostics out.
+Importing this package registers every entry (the modules below). ``run_stages`` in
+``compose.py`` is what the service pipeline calls; ``compute`` runs one estimator alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from service.advantages import outcome as _outcome  # noqa: F401  (registers the estimators)
-from service.advantages.encode import TokenLayout, decode_rle, encode
-from service.advantages.groups import OutcomeBatch, group_stats
+from service.advantages import aggregate as _aggregate  # noqa: F401  (registers entries)
+from service.advantages import outcome as _outcome  # noqa: F401
+from service.advantages.batch import AdvantageBatch, Advantages
+from service.advantages.compose import Composed, run_stages
+from service.advantages.encode import decode_rle, encode
+from service.advantages.groups import group_stats
 from service.advantages.profiles import PROFILES, Pins, pins_for
-from service.advantages.registry import ESTIMATORS, Estimator, get_estimator
+from service.advantages.registry import (ENTRIES, ESTIMATORS, Entry, Estimator, get_entry,
+                                         get_estimator, names_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +32,20 @@ class GroupFlags:
     singleton: Tensor  # bool [G]
 
 
-def describe_groups(batch: OutcomeBatch, pins: Pins) -> GroupFlags:
+def describe_groups(batch: AdvantageBatch, pins: Pins) -> GroupFlags:
     stats = group_stats(batch, ddof=pins.std_ddof)
     return GroupFlags(count=stats.count, mean=stats.mean, std=stats.std,
                       zero_spread=stats.zero_spread, singleton=stats.count < 2)
 
 
-def compute(batch: OutcomeBatch, estimator: str, params: dict, profile: str) -> Tensor:
-    """Per-rollout advantages of ``estimator`` under ``profile`` (params already validated)."""
+def compute(batch: AdvantageBatch, estimator: str, params: dict, profile: str) -> Advantages:
+    """One estimator alone on ``batch`` under ``profile``."""
     entry = get_estimator(estimator)
-    return entry.fn(batch, entry.Params.model_validate(params), pins_for(profile))
+    result = entry.fn(batch, entry.Params.model_validate(params), pins_for(profile))
+    return result if isinstance(result, Advantages) else Advantages(rollout=result)
 
 
-__all__ = ["ESTIMATORS", "PROFILES", "Estimator", "GroupFlags", "OutcomeBatch", "Pins",
-           "TokenLayout", "compute", "decode_rle", "describe_groups", "encode", "get_estimator",
-           "pins_for", "torch"]
+__all__ = ["ENTRIES", "ESTIMATORS", "PROFILES", "AdvantageBatch", "Advantages", "Composed",
+           "Entry", "Estimator", "GroupFlags", "Pins", "compute", "decode_rle",
+           "describe_groups", "encode", "get_entry", "get_estimator", "names_of", "pins_for",
+           "run_stages"]

@@ -1,6 +1,5 @@
 """Vectorised per-group statistics over a flat batch of rollouts.
 
-Rollouts of all groups lie in one flat tensor; ``group`` maps each rollout to its group.
 Scatter-adds (``index_add_``) give every group's count, mean and std in O(rollouts) with no
 Python loop, which is what lets one request carry thousands of groups.
 """
@@ -12,24 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True, slots=True)
-class OutcomeBatch:
-    """Scalar rewards of a flat batch of rollouts and how they are grouped.
-
-    ``valid`` is False for rollouts excluded from their group's baseline (a failed cell with no
-    fallback); estimators give them advantage 0 and leave them out of every statistic.
-    """
-
-    rewards: Tensor  # float64 [R]; value of an invalid rollout is ignored
-    group: Tensor  # int64 [R], 0..num_groups-1
-    valid: Tensor  # bool [R]
-    num_tokens: Tensor  # int64 [R]
-    num_groups: int
-
-    @property
-    def masked_rewards(self) -> Tensor:
-        return torch.where(self.valid, self.rewards, torch.zeros_like(self.rewards))
+from service.advantages.batch import AdvantageBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +23,7 @@ class GroupStats:
     zero_spread: Tensor  # bool [G]: two or more included rollouts, all with the same reward
 
 
-def group_stats(batch: OutcomeBatch, ddof: int = 1) -> GroupStats:
+def group_stats(batch: AdvantageBatch, ddof: int = 1) -> GroupStats:
     """Count, sum, mean and std (with ``ddof``) of the included rewards of every group."""
     g = batch.num_groups
     r = batch.masked_rewards
@@ -58,7 +40,7 @@ def group_stats(batch: OutcomeBatch, ddof: int = 1) -> GroupStats:
                       zero_spread=(count >= 2) & _all_equal(batch))
 
 
-def _all_equal(batch: OutcomeBatch) -> Tensor:
+def _all_equal(batch: AdvantageBatch) -> Tensor:
     """Per group: min == max over included rewards, decided exactly.
 
     Not std == 0: the mean of three 0.1s is 0.10000000000000002, so deviations and std of an
@@ -69,3 +51,27 @@ def _all_equal(batch: OutcomeBatch) -> Tensor:
     lo = inf.scatter_reduce(0, group, rewards, "amin")
     hi = (-inf).scatter_reduce(0, group, rewards, "amax")
     return lo == hi
+
+
+def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
+    """float64 [G]: per-group sum of a per-rollout tensor over included rollouts."""
+    kept = torch.where(batch.valid, values, torch.zeros_like(values))
+    return torch.zeros(batch.num_groups, dtype=values.dtype).index_add_(0, batch.group, kept)
+
+
+def whiten(values: Tensor, mask: Tensor, *, ddof: int = 1, eps: float = 1e-8,
+           shift_mean: bool = True) -> Tensor:
+    """Batch whitening over the entries where ``mask`` is True (others come back 0).
+
+    (x - mean) / (std + eps), std with ``ddof`` (0: biased, as OpenRLHF; 1: unbiased, as
+    verl's masked_whiten), mean added back when ``shift_mean`` is False.
+    """
+    n = mask.sum().clamp(min=1).to(values.dtype)
+    kept = torch.where(mask, values, torch.zeros_like(values))
+    mean = kept.sum() / n
+    centred = torch.where(mask, values - mean, torch.zeros_like(values))
+    var = (centred * centred).sum() / (n - ddof).clamp(min=1)
+    out = centred / (var.sqrt() + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(mask, out, torch.zeros_like(values)) + 0.0

@@ -12,12 +12,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.groups import GroupStats, OutcomeBatch, group_stats
+from service.advantages.batch import AdvantageBatch
+from service.advantages.groups import GroupStats, group_stats
 from service.advantages.profiles import Pins
 from service.advantages.registry import EstimatorParams, register
 
 
-def _finish(batch: OutcomeBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
+def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
             stats: GroupStats) -> Tensor:
     """Apply the singleton rule; give excluded rollouts and zero-spread groups exactly 0.
 
@@ -44,7 +45,7 @@ class GrpoParams(EstimatorParams):
 
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
           source="DeepSeekMath (GRPO); verl compute_grpo_outcome_advantage", params=GrpoParams)
-def grpo(batch: OutcomeBatch, params: GrpoParams, pins: Pins) -> Tensor:
+def grpo(batch: AdvantageBatch, params: GrpoParams, pins: Pins) -> Tensor:
     """Group-normalised reward: centre on the group mean, divide by the group std plus
     epsilon. A zero-spread group gets exactly 0. Under verl's singleton rule a lone rollout
     keeps r / (1 + eps)."""
@@ -58,7 +59,7 @@ def grpo(batch: OutcomeBatch, params: GrpoParams, pins: Pins) -> Tensor:
 
 @register("dr_grpo", formula="a_i = r_i - mean_g r",
           source="Dr. GRPO (Understanding R1-Zero-Like Training); verl norm_adv_by_std=False")
-def dr_grpo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
+def dr_grpo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     """GRPO without the std division, which removes the difficulty bias of normalising by a
     small spread. Under verl's singleton rule a lone rollout keeps r (mean 0)."""
     stats = group_stats(batch, ddof=pins.std_ddof)
@@ -68,7 +69,7 @@ def dr_grpo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
 
 @register("rloo", formula="a_i = r_i - mean_{j != i} r_j",
           source="RLOO (Back to Basics, Ahmadian et al. 2024); verl compute_rloo_outcome_advantage")
-def rloo(batch: OutcomeBatch, params: EstimatorParams, pins: Pins) -> Tensor:
+def rloo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     """REINFORCE leave-one-out: each rollout's baseline is the mean of the other rollouts of
     its group, so the baseline does not depend on the rollout it scores. Under verl's
     singleton rule a lone rollout keeps r."""

@@ -1,65 +1,86 @@
-"""The estimator registry: one function per estimator, registered by name (verl's pattern).
+"""The registry of the advantage library: one function per entry, registered by name.
 
-An estimator is a pure function ``fn(batch, params, pins) -> Tensor[R]`` of tensors in and
-tensors out. Registering it here is all it takes for the API, the CLI and
-``GET /v1/estimators`` to offer it.
+verl's pattern, widened to every stage of the pipeline a request composes:
+
+    transforms -> estimator (or multi-reward aggregate) -> reweight -> filters
+
+Each entry is a pure function of tensors; registering it is all it takes for the API, the
+CLI and ``GET /v1/estimators`` to offer it. Signatures by kind:
+
+- ``estimator``:  fn(batch, params, pins) -> Advantages | Tensor[R]
+- ``aggregate``:  fn(batch, params, pins, estimator) -> Advantages | Tensor[R]
+- ``transform``:  fn(batch, params, pins) -> AdvantageBatch (rewards changed)
+- ``reweight``:   fn(batch, advantages, params, pins) -> Advantages
+- ``filter``:     fn(batch, advantages, params, pins) -> dict (advice, JSON-ready)
+
+Stateful entries (``stateful=True``) read and write ``batch.run`` and need a ``run_id``.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
-from torch import Tensor
 
-from service.advantages.groups import OutcomeBatch
-from service.advantages.profiles import Pins
+Kind = Literal["estimator", "aggregate", "transform", "reweight", "filter"]
+KINDS: tuple[Kind, ...] = ("transform", "estimator", "aggregate", "reweight", "filter")
 
 
 class EstimatorParams(BaseModel):
-    """Base of estimator parameter models; unknown parameters are an error."""
+    """Base of every entry's parameter model; unknown parameters are an error."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-EstimatorFn = Callable[[OutcomeBatch, EstimatorParams, Pins], Tensor]
-
-
 @dataclass(frozen=True)
-class Estimator:
+class Entry:
     name: str
-    fn: EstimatorFn
+    kind: Kind
+    fn: Callable[..., Any]
     Params: type[EstimatorParams]
     formula: str
     source: str
     description: str
     inputs: tuple[str, ...] = field(default=("rewards",))
+    """Rollout fields the entry reads; validation makes a missing one a 422 naming it."""
+    stateful: bool = False
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+Estimator = Entry  # the name most call sites read best with
+ENTRIES: dict[str, Entry] = {}
+ESTIMATORS = ENTRIES  # kept for readers of GET /v1/estimators: the whole catalogue
 
 
-def register(name: str, *, formula: str, source: str,
+def register(name: str, *, formula: str, source: str, kind: Kind = "estimator",
              params: type[EstimatorParams] = EstimatorParams,
-             inputs: tuple[str, ...] = ("rewards",)) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: add ``fn`` to the registry under ``name``; its docstring is the description."""
+             inputs: tuple[str, ...] = ("rewards",),
+             stateful: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: add ``fn`` under ``name``; its docstring becomes the description."""
 
-    def add(fn: EstimatorFn) -> EstimatorFn:
-        if name in ESTIMATORS:
-            raise ValueError(f"estimator {name!r} registered twice")
-        ESTIMATORS[name] = Estimator(name=name, fn=fn, Params=params, formula=formula,
-                                     source=source, description=inspect.getdoc(fn) or "",
-                                     inputs=inputs)
+    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in ENTRIES:
+            raise ValueError(f"advantage entry {name!r} registered twice")
+        ENTRIES[name] = Entry(name=name, kind=kind, fn=fn, Params=params, formula=formula,
+                              source=source, description=inspect.getdoc(fn) or "",
+                              inputs=inputs, stateful=stateful)
         return fn
 
     return add
 
 
-def get_estimator(name: str) -> Estimator:
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}") from None
+def names_of(kind: Kind) -> list[str]:
+    return sorted(n for n, e in ENTRIES.items() if e.kind == kind)
+
+
+def get_entry(name: str, kind: Kind = "estimator") -> Entry:
+    """The entry ``name`` of ``kind``; KeyError lists the valid names of that kind."""
+    entry = ENTRIES.get(name)
+    if entry is None or entry.kind != kind:
+        raise KeyError(f"unknown {kind} {name!r}; valid: {', '.join(names_of(kind))}")
+    return entry
+
+
+def get_estimator(name: str) -> Entry:
+    return get_entry(name, "estimator")

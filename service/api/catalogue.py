@@ -9,7 +9,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from service.advantages import ESTIMATORS, PROFILES
+from service.advantages import ENTRIES, PROFILES
+from service.advantages.registry import KINDS, Kind
 from service.models import EstimatorInfo, ParamInfo, VerifierInfo
 from verifiers import REGISTRY
 
@@ -39,10 +40,13 @@ def list_verifiers() -> list[VerifierInfo]:
             for v in sorted(REGISTRY.values(), key=lambda v: v.name)]
 
 
-@router.get("/estimators", response_model=list[EstimatorInfo], summary="Advantage estimators")
-def list_estimators() -> list[EstimatorInfo]:
+@router.get("/estimators", response_model=list[EstimatorInfo],
+            summary="The advantage catalogue")
+def list_estimators(kind: Kind | None = None) -> list[EstimatorInfo]:
+    """Every entry (transform, estimator, aggregate, reweight, filter), or those of ``kind``."""
     profiles = {p.value: pins.as_dict() for p, pins in PROFILES.items()}
-    return [EstimatorInfo(name=e.name, formula=e.formula, description=e.description,
-                          source=e.source, inputs=list(e.inputs), params=param_infos(e.Params),
-                          profiles=profiles)
-            for e in sorted(ESTIMATORS.values(), key=lambda e: e.name)]
+    return [EstimatorInfo(name=e.name, kind=e.kind, stateful=e.stateful, formula=e.formula,
+                          description=e.description, source=e.source, inputs=list(e.inputs),
+                          params=param_infos(e.Params), profiles=profiles)
+            for e in sorted(ENTRIES.values(), key=lambda e: (KINDS.index(e.kind), e.name))
+            if kind is None or e.kind == kind]

@@ -20,7 +20,8 @@ async def score(request: Request) -> Response:
     """Verify every rollout with every reward component, then compute advantages."""
     req = await read_model(request, ScoreRequest)
     state = request.app.state
-    return render(request, await pipeline.score(req, state.executor, state.settings))
+    return render(request, await pipeline.score(req, state.executor, state.settings,
+                                                runs=state.runs))
 
 
 @router.post("/rewards", response_model=None, openapi_extra=body(RewardsRequest),
@@ -37,4 +38,5 @@ async def rewards(request: Request) -> Response:
 async def advantages(request: Request) -> Response:
     """Pure compute: advantages from the `reward`/`rewards` the rollouts carry."""
     req = await read_model(request, AdvantagesRequest)
-    return render(request, await run_in_threadpool(pipeline.advantages, req))
+    return render(request, await run_in_threadpool(pipeline.advantages, req,
+                                                   request.app.state.runs))

@@ -55,7 +55,7 @@ def estimator_only(data: dict[str, Any]) -> Callable[[], Any]:
     rewards = torch.tensor([r.reward for g in req.groups for r in g.rollouts], dtype=torch.float64)
     group = torch.repeat_interleave(torch.arange(len(req.groups)),
                                     torch.tensor([len(g.rollouts) for g in req.groups]))
-    batch = adv.OutcomeBatch(rewards=rewards, group=group,
+    batch = adv.AdvantageBatch(rewards=rewards, group=group,
                              valid=torch.ones_like(rewards, dtype=torch.bool),
                              num_tokens=torch.full_like(group, 1024), num_groups=len(req.groups))
     return lambda: adv.compute(batch, "grpo", {}, "rewardd")

@@ -1,6 +1,6 @@
 """GRPO-family estimators (grpo, dr_grpo, rloo) under every trainer profile.
 
-Checked two ways: directly through ``service.advantages`` (OutcomeBatch + compute) and through
+Checked two ways: directly through ``service.advantages`` (AdvantageBatch + compute) and through
 the pure pipeline ``service.pipeline.advantages``. Golden values come from ESTIMATORS.md; each
 is compared with the hand formula evaluated here in float64.
 """
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service import advantages as adv
-from service.advantages import OutcomeBatch, compute, decode_rle
+from service.advantages import AdvantageBatch, compute, decode_rle
 from service.models import AdvantagesRequest, ScoreResponse
 from service.pipeline import advantages as pipeline_advantages
 from service.validation import RequestInvalid
@@ -33,11 +33,11 @@ TIGHT = 1e-12
 # ----------------------------------------------------------------------------- helpers
 
 
-def outcome_batch(groups: list[list[float]], valid: list[list[bool]] | None = None) -> OutcomeBatch:
+def outcome_batch(groups: list[list[float]], valid: list[list[bool]] | None = None) -> AdvantageBatch:
     rewards = [r for g in groups for r in g]
     group = [gi for gi, g in enumerate(groups) for _ in g]
     flat_valid = ([v for g in valid for v in g] if valid is not None else [True] * len(rewards))
-    return OutcomeBatch(rewards=torch.tensor(rewards, dtype=torch.float64),
+    return AdvantageBatch(rewards=torch.tensor(rewards, dtype=torch.float64),
                         group=torch.tensor(group, dtype=torch.int64),
                         valid=torch.tensor(flat_valid, dtype=torch.bool),
                         num_tokens=torch.ones(len(rewards), dtype=torch.int64),
@@ -45,7 +45,7 @@ def outcome_batch(groups: list[list[float]], valid: list[list[bool]] | None = No
 
 
 def direct(groups: list[list[float]], estimator: str, profile: str) -> list[float]:
-    return compute(outcome_batch(groups), estimator, {}, profile).tolist()
+    return compute(outcome_batch(groups), estimator, {}, profile).rollout.tolist()
 
 
 def request(groups: list[dict[str, Any]], **advantage: Any) -> AdvantagesRequest:
