@@ -46,6 +46,8 @@ class Turn(Contract):
     start: int = Field(ge=0, description="First token index of the turn.")
     end: int = Field(ge=0, description="One past the last token index of the turn.")
     reward: RewardValue | None = Field(None, description="Per-turn reward, for turn-level credit.")
+    signal: FiniteFloat | None = Field(
+        None, description="Per-turn external signal h (hindsight/teacher), for modulate.")
 
 
 class Step(Contract):

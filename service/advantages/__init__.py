@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from service.advantages import aggregate as _aggregate  # noqa: F401  (registers entries)
+from service.advantages import filters as _filters  # noqa: F401
 from service.advantages import outcome as _outcome  # noqa: F401
+from service.advantages import returns as _returns  # noqa: F401
+from service.advantages import reweight as _reweight  # noqa: F401
+from service.advantages import routing as _routing  # noqa: F401
+from service.advantages import steps as _steps  # noqa: F401
+from service.advantages import transforms as _transforms  # noqa: F401
+from service.advantages import tree as _tree  # noqa: F401
 from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.compose import Composed, run_stages
 from service.advantages.encode import decode_rle, encode

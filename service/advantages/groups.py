@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch
+from service.advantages.profiles import Pins
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,18 +61,25 @@ def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
 
 
 def whiten(values: Tensor, mask: Tensor, *, ddof: int = 1, eps: float = 1e-8,
-           shift_mean: bool = True) -> Tensor:
-    """Batch whitening over the entries where ``mask`` is True (others come back 0).
+           eps_in_sqrt: bool = True, shift_mean: bool = True) -> Tensor:
+    """Batch whitening over the entries where ``mask`` is True (others come back +0.0).
 
-    (x - mean) / (std + eps), std with ``ddof`` (0: biased, as OpenRLHF; 1: unbiased, as
-    verl's masked_whiten), mean added back when ``shift_mean`` is False.
+    ``eps_in_sqrt``: (x - mean) * rsqrt(var + eps), as verl's masked_whiten; otherwise
+    (x - mean) / (std + eps). ``ddof`` 1 is the unbiased variance (verl), 0 the biased one
+    (OpenRLHF). With ``shift_mean`` False the mean is added back.
     """
-    n = mask.sum().clamp(min=1).to(values.dtype)
+    n = mask.sum().to(values.dtype)
     kept = torch.where(mask, values, torch.zeros_like(values))
-    mean = kept.sum() / n
+    mean = kept.sum() / n.clamp(min=1)
     centred = torch.where(mask, values - mean, torch.zeros_like(values))
     var = (centred * centred).sum() / (n - ddof).clamp(min=1)
-    out = centred / (var.sqrt() + eps)
+    out = centred * torch.rsqrt(var + eps) if eps_in_sqrt else centred / (var.sqrt() + eps)
     if not shift_mean:
         out = out + mean
     return torch.where(mask, out, torch.zeros_like(values)) + 0.0
+
+
+def batch_whiten(values: Tensor, mask: Tensor, pins: Pins) -> Tensor:
+    """Whitening with the profile's pins (variance estimator and epsilon)."""
+    return whiten(values, mask, ddof=pins.whiten_ddof, eps=pins.whiten_eps,
+                  eps_in_sqrt=pins.whiten_eps_in_sqrt)

@@ -35,20 +35,34 @@ class Pins:
     must have the same number of rollouts."""
     grouping: str
     """How the trainer forms groups (documentation only: rewardd always groups by group_id)."""
+    whitened: frozenset[str] = frozenset()
+    """Entries whose advantages this trainer whitens over the whole batch (masked tokens)."""
+    whiten_ddof: int = 1
+    """Variance of the batch whitening: 1 unbiased (verl masked_var), 0 biased (OpenRLHF)."""
+    whiten_eps: float = 1e-8
+    whiten_eps_in_sqrt: bool = True
+    """True: (x - mean) * rsqrt(var + eps) (verl masked_whiten); False: (x - mean) / (std + eps)."""
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        out = asdict(self)
+        out["whitened"] = sorted(self.whitened)
+        return out
 
 
 PROFILES: dict[Profile, Pins] = {
     Profile.rewardd: Pins(std_ddof=1, eps=1e-6, singleton="zero", equal_group_sizes=False,
-                          grouping="by group_id"),
+                          grouping="by group_id",
+                          whitened=frozenset({"reinforce_pp", "reinforce_pp_baseline", "gdpo"})),
     Profile.verl: Pins(std_ddof=1, eps=1e-6, singleton="mean0_std1", equal_group_sizes=False,
-                       grouping="by uid"),
+                       grouping="by uid",
+                       whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline",
+                                           "gdpo"})),
     Profile.trl: Pins(std_ddof=1, eps=1e-4, singleton="zero", equal_group_sizes=False,
-                      grouping="contiguous blocks"),
+                      grouping="contiguous blocks", whitened=frozenset({"gdpo"})),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
-                           grouping="contiguous blocks"),
+                           grouping="contiguous blocks",
+                           whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"}),
+                           whiten_ddof=0, whiten_eps_in_sqrt=False),
 }
 
 
