@@ -60,6 +60,13 @@ class AdvantageBatch:
         return int(self.num_tokens.sum())
 
     @cached_property
+    def uniform_length(self) -> int | None:
+        """The common length when every rollout has the same num_tokens, else None."""
+        if self.size and bool((self.num_tokens == self.num_tokens[0]).all()):
+            return int(self.num_tokens[0])
+        return None
+
+    @cached_property
     def offsets(self) -> Tensor:
         """int64 [R]: index of each rollout's first token in the flat token tensor."""
         return torch.cumsum(self.num_tokens, 0) - self.num_tokens
@@ -112,10 +119,21 @@ class Advantages:
         return self.token is not None
 
     def per_token(self, batch: AdvantageBatch) -> Tensor:
-        """float64 [N]: advantages on every token, the mask applied (masked tokens +0.0)."""
-        values = self.token if self.token is not None else torch.repeat_interleave(
-            self.rollout, batch.num_tokens)
-        return torch.where(batch.token_mask, values, torch.zeros_like(values)) + 0.0
+        """float64 [N]: advantages on every token, the mask applied (masked tokens +0.0).
+
+        One pass over the tokens when there is no mask (the broadcast), two with one; this
+        is the hot path of dense and masked rle output, so no temporary of size N is made.
+        """
+        if self.token is not None:
+            values = self.token + 0.0  # a copy, normalising -0.0
+        elif batch.uniform_length is not None:  # half the cost of a ragged broadcast
+            values = (self.rollout + 0.0).repeat_interleave(batch.uniform_length)
+        else:
+            values = torch.repeat_interleave(self.rollout + 0.0, batch.num_tokens,
+                                             output_size=batch.total_tokens)
+        if batch.mask is not None:
+            values.masked_fill_(~batch.mask, 0.0)
+        return values
 
     def scaled(self, factor: Tensor, batch: AdvantageBatch) -> Advantages:
         """Multiply by a per-rollout factor [R] (reweighting), keeping the level; +0.0 for 0."""

@@ -1,0 +1,198 @@
+"""Benchmark: every estimator on 4,096 rollouts x 4,096 tokens (groups of 16), CPU.
+
+Each estimator is timed end to end as a trainer consumes it: the estimator plus the per-token
+broadcast with the mask applied (one float64 per token). Side by side, in one run:
+- the memory floor: allocating and filling one float64 tensor of the same size;
+- a straightforward reference: a per-group Python loop over Python floats that computes the
+  same advantages and writes each rollout's tokens (written here, for outcome estimators).
+Token-level tree and step estimators (tempo, gigpo) are also timed at 1x, 2x and 4x the tokens
+to show they are linear in total tokens.
+
+Run: `make bench` (or `.venv/bin/python tests/benchmarks/bench_estimators.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from service.advantages import AdvantageBatch, Advantages, compute  # noqa: E402
+from service.models import Rollout, Segment, Step, Turn  # noqa: E402
+
+GROUP = 16
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_batch(rollouts: int, tokens: int, seed: int = 0) -> AdvantageBatch:
+    """Binary rewards, values, shared-prefix token ids, steps, turns and segments."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    groups = rollouts // GROUP
+    rewards = torch.tensor([float(rng.random() < 0.4) for _ in range(rollouts)],
+                           dtype=torch.float64)
+    n = rollouts * tokens
+    ids = torch.randint(0, 32000, (rollouts, tokens), generator=gen)
+    prefix = tokens // 8  # rollouts of a group share their first eighth, then branch
+    ids[:, :prefix] = ids[::GROUP, :prefix].repeat_interleave(GROUP, 0)
+    steps_per = 8
+    span = tokens // steps_per
+    objects = []
+    for i in range(rollouts):
+        objects.append(Rollout.model_construct(
+            rollout_id=f"r{i}", greedy=(i % GROUP == 0), label=f"l{rng.randrange(2)}",
+            segments=[Segment.model_construct(label="think", start=0, end=tokens - 64),
+                      Segment.model_construct(label="answer", start=tokens - 64, end=tokens)],
+            turns=[Turn.model_construct(start=j * span, end=(j + 1) * span,
+                                        reward=float(rng.random() < 0.5), signal=None)
+                   for j in range(steps_per)],
+            steps=[Step.model_construct(start=j * span, end=(j + 1) * span,
+                                        key=f"s{j}-{rng.randrange(4)}", embedding=None,
+                                        reward=None)
+                   for j in range(steps_per)]))
+    return AdvantageBatch(
+        rewards=rewards, group=torch.arange(groups).repeat_interleave(GROUP),
+        valid=torch.ones(rollouts, dtype=torch.bool),
+        num_tokens=torch.full((rollouts,), tokens, dtype=torch.int64), num_groups=groups,
+        components=rewards[:, None].clone(), component_valid=torch.ones(rollouts, 1,
+                                                                         dtype=torch.bool),
+        component_names=("reward",), weights=torch.ones(1, dtype=torch.float64),
+        values=torch.rand(n, generator=gen, dtype=torch.float64),
+        token_ids=ids.reshape(-1), rollouts=objects)
+
+
+# ---- straightforward references: per-group Python loops over Python floats -------------
+
+def _grpo_group(r: list[float], eps: float = 1e-6) -> list[float]:
+    mean = sum(r) / len(r)
+    std = statistics.stdev(r)
+    return [(x - mean) / (std + eps) if std > 0 else 0.0 for x in r]
+
+
+def _dr_grpo_group(r: list[float]) -> list[float]:
+    mean = sum(r) / len(r)
+    return [x - mean for x in r]
+
+
+def _rloo_group(r: list[float]) -> list[float]:
+    total = sum(r)
+    return [x - (total - x) / (len(r) - 1) for x in r]
+
+
+def _passk_group(r: list[float], k: int = 1) -> list[float]:
+    n, c = len(r), sum(1 for x in r if x >= 0.5)
+    rho = 1 - math.comb(n - c, k) / math.comb(n, k)
+    s = math.sqrt(rho * (1 - rho))
+    if s == 0:
+        return [0.0] * n
+    pos = (1 - rho) / (s + 1e-6)
+    neg = (1 - rho - math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)) / (s + 1e-6)
+    return [pos if x >= 0.5 else neg for x in r]
+
+
+REFERENCES: dict[str, Callable[[list[float]], list[float]]] = {
+    "grpo": _grpo_group, "dr_grpo": _dr_grpo_group, "rloo": _rloo_group, "passk": _passk_group,
+}
+
+
+def loop_reference(batch: AdvantageBatch, per_group: Callable[[list[float]], list[float]],
+                   tokens: int) -> torch.Tensor:
+    """Per group in Python, then each rollout's tokens as a Python list: the straightforward
+    way to write it without tensors."""
+    rewards = batch.rewards.tolist()
+    dense: list[float] = []
+    for g in range(batch.num_groups):
+        for a in per_group(rewards[g * GROUP:(g + 1) * GROUP]):
+            dense.extend([a] * tokens)
+    return torch.tensor(dense, dtype=torch.float64)
+
+
+def slice_fill_reference(batch: AdvantageBatch,
+                         per_group: Callable[[list[float]], list[float]],
+                         tokens: int) -> torch.Tensor:
+    """Per group in Python, each rollout's tokens filled as a tensor slice: a careful loop,
+    bound by the same memory traffic as the vectorised code."""
+    rewards = batch.rewards.tolist()
+    out = torch.empty(batch.size * tokens, dtype=torch.float64)
+    for g in range(batch.num_groups):
+        for j, a in enumerate(per_group(rewards[g * GROUP:(g + 1) * GROUP])):
+            i = g * GROUP + j
+            out[i * tokens:(i + 1) * tokens] = a
+    return out
+
+
+PARAMS: dict[str, dict[str, Any]] = {}
+"""Parameters an estimator needs to run on the synthetic batch (filled per estimator)."""
+
+
+def time_estimator(name: str, batch: AdvantageBatch, repeats: int) -> float:
+    params = PARAMS.get(name, {})
+
+    def run() -> torch.Tensor:
+        return compute(batch, name, params, "rewardd").per_token(batch)
+
+    return median_time(run, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # per-core figures: the machine has 2 noisy cores
+    batch = make_batch(args.rollouts, args.tokens)
+    n = args.rollouts * args.tokens
+    floor = median_time(lambda: torch.full((n,), 0.5, dtype=torch.float64), args.repeats)
+    print(f"\n{args.rollouts} rollouts x {args.tokens} tokens, groups of {GROUP}, one thread, "
+          f"median of {args.repeats}; memory floor (fill {n:,} float64): {floor * 1e3:.1f} ms\n")
+    print("| estimator | ms | x memory floor | Python-list loop ms | speed-up | "
+          "slice-fill loop ms | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    from service.advantages import names_of
+    for name in names_of("estimator"):
+        try:
+            seconds = time_estimator(name, batch, args.repeats)
+        except Exception as exc:  # an estimator this synthetic batch cannot feed
+            print(f"| {name} | skipped: {type(exc).__name__}: {exc} | | | |")
+            continue
+        ref = REFERENCES.get(name)
+        cells = ["", "", "", ""]
+        if ref:
+            naive = median_time(lambda: loop_reference(batch, ref, args.tokens), 1)
+            fill = median_time(lambda: slice_fill_reference(batch, ref, args.tokens), 1)
+            cells = [f"{naive * 1e3:.0f}", f"{naive / seconds:.1f}x", f"{fill * 1e3:.0f}",
+                     f"{fill / seconds:.1f}x"]
+        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / floor:.2f}x | " + " | ".join(cells)
+              + " |")
+    print("\nLinear in total tokens (ms at 1x, 2x, 4x the tokens per rollout):\n")
+    print("| estimator | 1x | 2x | 4x | 4x / 1x |")
+    print("|---|---:|---:|---:|---:|")
+    for name in ("tempo", "gigpo"):
+        times = []
+        for factor in (1, 2, 4):
+            scaled = make_batch(args.rollouts // 4, args.tokens * factor // 4)
+            times.append(time_estimator(name, scaled, args.repeats))
+        print(f"| {name} | " + " | ".join(f"{t * 1e3:.1f}" for t in times) +
+              f" | {times[2] / times[0]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
