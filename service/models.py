@@ -256,8 +256,8 @@ class RolloutResult(BaseModel):
 class GroupDiagnostics(BaseModel):
     zero_spread: bool = Field(description="All included rollouts have the same reward.")
     filtered: bool = Field(
-        False, description="A requested filter marked this group (no filter is requested "
-        "in this release, so always false).")
+        False, description="A requested filter (dynamic_sampling) marked this group; advice "
+        "only: its advantages are unchanged.")
     singleton: bool = Field(description="Fewer than two rollouts entered the baseline.")
     baseline_size: int = Field(description="Rollouts that entered the group baseline.")
     excluded: list[str] = Field(default_factory=list, description="Excluded rollout ids.")

@@ -48,6 +48,8 @@ def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Se
     out["summary"] = _summary(flat, combined, flags, composed, batch, zero_rollouts)
     out["advice"] = composed.advice if composed else {}
     out["report"] = composed.report if composed else {}
+    if run is not None:
+        run.commit()  # only a complete response changes the run's state
     metrics.observe_batch(out["summary"])
     return out
 
@@ -63,7 +65,11 @@ def _zero_rollouts(composed: adv.Composed | None, batch: adv.AdvantageBatch
         return None
     a = composed.advantages
     if a.rollout is not None:
-        return a.rollout == 0
+        if batch.mask is None:
+            return a.rollout == 0
+        unmasked = torch.zeros(batch.size, dtype=torch.int64).index_add_(
+            0, batch.token_rollout, batch.mask.to(torch.int64))
+        return (a.rollout == 0) | (unmasked == 0)
     nonzero = torch.zeros(batch.size, dtype=torch.int64).index_add_(
         0, batch.token_rollout, (a.per_token(batch) != 0).to(torch.int64))
     return nonzero == 0

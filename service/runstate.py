@@ -37,17 +37,30 @@ class RunStore(abc.ABC):
 
 
 class RunScope:
-    """The state of one run, as the entries of one request see it."""
+    """The state of one run, as the entries of one request see it.
+
+    Writes are buffered and reach the store only on :meth:`commit`, which the pipeline calls
+    once the response is complete: a request that fails (a 422 found late) leaves the run's
+    state as it was.
+    """
 
     def __init__(self, store: RunStore, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
+        self._pending: dict[str, dict[str, Any]] = {}
 
     def get(self, key: str) -> dict[str, Any] | None:
+        if key in self._pending:
+            return copy.deepcopy(self._pending[key])
         return self.store.get(self.run_id, key)
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        self.store.put(self.run_id, key, value)
+        self._pending[key] = copy.deepcopy(value)
+
+    def commit(self) -> None:
+        for key, value in self._pending.items():
+            self.store.put(self.run_id, key, value)
+        self._pending.clear()
 
 
 class MemoryRunStore(RunStore):

@@ -177,6 +177,12 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
         stages += [(kind, s.name, s.params, loc + (field, k, "name"), loc + (field, k, "params"))
                    for k, s in enumerate(getattr(spec, field))]
     errors: list[dict] = []
+    seen: set[str] = set()
+    for k, stage in enumerate(spec.filters):
+        if stage.name in seen:
+            errors.append(error(loc + ("filters", k, "name"), f"filter {stage.name!r} is "
+                                "requested twice; its advice is keyed by name"))
+        seen.add(stage.name)
     for kind, name, params, name_loc, params_loc in stages:
         try:
             entry = get_entry(name, kind)

@@ -32,7 +32,10 @@ def _as_advantages(result: Advantages | Tensor) -> Advantages:
     return result if isinstance(result, Advantages) else Advantages(rollout=result)
 
 
-def _params(entry: Entry, params: dict[str, Any]) -> Any:
+def _params(entry: Entry, params: dict[str, Any], batch: AdvantageBatch) -> Any:
+    if entry.stateful and batch.run is None:
+        raise RuntimeError(f"{entry.kind} {entry.name!r} keeps per-run state: call with a "
+                           "run_id and a RunStore (runs=...)")
     return entry.Params.model_validate(params)
 
 
@@ -56,16 +59,16 @@ def run_stages(batch: AdvantageBatch, spec: AdvantageSpec) -> Composed:
     report: dict[str, Any] = {}
     for stage in spec.transforms:
         entry = get_entry(stage.name, "transform")
-        batch = entry.fn(batch, _params(entry, stage.params), pins)
+        batch = entry.fn(batch, _params(entry, stage.params, batch), pins)
     estimator = get_entry(spec.estimator, "estimator")
-    estimator_params = _params(estimator, spec.params)
+    estimator_params = _params(estimator, spec.params, batch)
 
     def estimate(b: AdvantageBatch) -> Advantages:
         return _as_advantages(estimator.fn(b, estimator_params, pins))
 
     aggregate = get_entry(spec.aggregate, "aggregate")
     advantages = _as_advantages(aggregate.fn(
-        batch, _params(aggregate, spec.aggregate_params), pins, estimate))
+        batch, _params(aggregate, spec.aggregate_params, batch), pins, estimate))
     if advantages.report:
         report[spec.aggregate if spec.aggregate != "sum" else estimator.name] = advantages.report
         advantages.report = {}
@@ -73,12 +76,13 @@ def run_stages(batch: AdvantageBatch, spec: AdvantageSpec) -> Composed:
         advantages.components = per_component(batch, estimate)
     for stage in spec.reweight:
         entry = get_entry(stage.name, "reweight")
-        advantages = entry.fn(batch, advantages, _params(entry, stage.params), pins)
+        advantages = entry.fn(batch, advantages, _params(entry, stage.params, batch), pins)
         if advantages.report:
             report[entry.name] = advantages.report
             advantages.report = {}
     advice = {}
     for stage in spec.filters:
         entry = get_entry(stage.name, "filter")
-        advice[entry.name] = entry.fn(batch, advantages, _params(entry, stage.params), pins)
+        params = _params(entry, stage.params, batch)
+        advice[entry.name] = entry.fn(batch, advantages, params, pins)
     return Composed(batch=batch, advantages=advantages, advice=advice, report=report)

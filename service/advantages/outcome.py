@@ -1,21 +1,27 @@
-"""Outcome estimators of the GRPO family: one scalar advantage per rollout.
+"""Outcome estimators: one scalar advantage per rollout from its group's rewards.
 
 Each is a pure function over the flat batch (see ``groups.py``); the per-token broadcast and
 the mask are applied afterwards by ``encode.py``. Excluded rollouts (``valid`` False) get 0
 and take no part in any baseline. Groups with fewer than two included rollouts follow the
-profile's singleton rule.
+profile's singleton rule where the estimator has a mean baseline (grpo, dr_grpo, rloo, opo,
+gpg, reinforce_pp_baseline); the others say what a lone rollout gets. reinforce_pp_baseline
+is whitened over tokens, so it returns per-token advantages when whitened.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch
-from service.advantages.groups import GroupStats, group_stats
-from service.advantages.profiles import Pins
+from service.advantages.batch import AdvantageBatch, Advantages
+from service.advantages.groups import GroupStats, batch_whiten, group_stats, group_sum
+from service.advantages.profiles import Pins, pins_for
 from service.advantages.registry import EstimatorParams, register
+from service.advantages.returns import kept_tokens, whiten_kept, whitened
+from service.models import Profile
 
 
 def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
@@ -78,3 +84,218 @@ def rloo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
     others = (stats.count[g] - 1.0).clamp(min=1.0)
     adv = batch.rewards - (stats.total[g] - batch.rewards) / others
     return _finish(batch, adv, batch.rewards, pins, stats)
+
+
+def masked_lengths(batch: AdvantageBatch) -> Tensor:
+    """float64 [R]: each rollout's count of mask-1 tokens (num_tokens without a mask)."""
+    if batch.mask is None:
+        return batch.num_tokens.to(torch.float64)
+    return torch.zeros(batch.size, dtype=torch.float64).index_add_(
+        0, batch.token_rollout, batch.mask.to(torch.float64))
+
+
+@register("opo", formula="a_i = r_i - sum_j len_j r_j / sum_j len_j",
+          source="OPO (On-Policy RL with Optimal reward baseline, arXiv 2505.23585); verl "
+          "compute_opo_outcome_advantage")
+def opo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
+    """Length-weighted baseline: the group's rewards averaged with each rollout weighted by
+    its length, the count of its mask-1 tokens (num_tokens where no mask is sent), as verl
+    sums response_mask. The baseline minimises the variance of a sequence-level gradient
+    whose norm grows with length. A group whose included rollouts have no tokens at all
+    (scalar output without num_tokens) falls back to the plain mean. The length-weighted sum
+    of a group's advantages is 0. Under verl's singleton rule a lone rollout keeps r."""
+    stats = group_stats(batch, ddof=pins.std_ddof)
+    length = masked_lengths(batch)
+    total_length = group_sum(batch, length)
+    weighted = group_sum(batch, length * batch.rewards)
+    has_length = total_length > 0
+    baseline = torch.where(has_length, weighted / torch.where(has_length, total_length, 1.0),
+                           stats.mean)
+    adv = batch.rewards - baseline[batch.group]
+    return _finish(batch, adv, batch.rewards, pins, stats)
+
+
+class GpgParams(EstimatorParams):
+    count: Literal["spread", "reward"] | None = None
+    """What counts as a valid sample in alpha = B / max(#valid, 1), B the included rollouts
+    of the batch. ``spread``: rollouts in groups with two or more rollouts and non-zero
+    reward spread (GPG's accurate gradient estimation, alpha = B / (B - M) with M the
+    samples whose advantage is 0 for lack of spread). ``reward``: rollouts with a non-zero
+    reward (verl's compute_gpg_outcome_advantage, count_nonzero of the scores). Unset:
+    ``reward`` under the verl profile, ``spread`` otherwise."""
+
+
+@register("gpg", formula="a_i = alpha (r_i - mean_g r), alpha = B / max(#valid samples, 1)",
+          source="GPG (Group Policy Gradient, Chu et al. 2025, arXiv 2504.02546); verl "
+          "compute_gpg_outcome_advantage", params=GpgParams)
+def gpg(batch: AdvantageBatch, params: GpgParams, pins: Pins) -> Advantages:
+    """Group-centred reward without std normalisation, scaled by alpha = B / max(M, 1):
+    B the number of included rollouts in the batch, M those that carry a gradient signal
+    (see ``count``). Zero-advantage samples dilute a batch-mean loss; alpha undoes that
+    dilution. alpha, B and M are reported. Under verl's singleton rule a lone rollout keeps
+    alpha * r (verl's mean 0)."""
+    stats = group_stats(batch, ddof=pins.std_ddof)
+    g = batch.group
+    count = params.count or ("reward" if pins == pins_for(Profile.verl) else "spread")
+    if count == "reward":
+        signal = batch.valid & (batch.rewards != 0)
+    else:
+        signal = batch.valid & (stats.count[g] >= 2) & ~stats.zero_spread[g]
+    size = int(batch.valid.sum())
+    valid = int(signal.sum())
+    alpha = size / max(valid, 1)
+    adv = alpha * (batch.rewards - stats.mean[g])
+    rollout = _finish(batch, adv, alpha * batch.rewards, pins, stats)
+    return Advantages(rollout=rollout,
+                      report={"alpha": alpha, "batch_size": size, "valid": valid, "count": count})
+
+
+def _flag(batch: AdvantageBatch, name: str) -> Tensor:
+    """bool [R]: a boolean rollout field of the request rollouts (False where unknown).
+
+    A loop over rollouts: flags such as ``greedy`` are not among the batch's flat tensors."""
+    if len(batch.rollouts) != batch.size:
+        return torch.zeros(batch.size, dtype=torch.bool)
+    return torch.tensor([bool(getattr(r, name)) for r in batch.rollouts], dtype=torch.bool)
+
+
+def _group_ids(batch: AdvantageBatch, groups: Tensor) -> list[str]:
+    if len(batch.groups) == batch.num_groups:
+        return [batch.groups[gi].group_id for gi in groups.tolist()]
+    return [str(gi) for gi in groups.tolist()]
+
+
+@register("remax", formula="a_i = r_i - r_greedy(g)", inputs=("rewards", "greedy"),
+          source="ReMax (Li et al. 2023, arXiv 2310.10505); verl compute_remax_outcome_advantage")
+def remax(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Advantages:
+    """REINFORCE with the reward of the group's greedy rollout as baseline; the trainer
+    sends that rollout in the group with ``greedy: true`` (exactly one per group). The
+    greedy rollout itself gets 0 (r - r). A group whose greedy rollout is excluded (a failed
+    reward with no fallback) has no baseline: all its rollouts get 0, and its group_id is
+    listed in the report under ``no_baseline``."""
+    g = batch.group
+    greedy = _flag(batch, "greedy") & batch.valid
+    baseline = torch.zeros(batch.num_groups, dtype=torch.float64).index_add_(
+        0, g[greedy], batch.rewards[greedy])
+    has_baseline = torch.zeros(batch.num_groups, dtype=torch.int64).index_add_(
+        0, g[greedy], torch.ones_like(g[greedy])) == 1
+    keep = batch.valid & has_baseline[g]
+    adv = torch.where(keep, batch.rewards - baseline[g], torch.zeros_like(batch.rewards)) + 0.0
+    missing = (~has_baseline).nonzero().squeeze(1)
+    report = {"no_baseline": _group_ids(batch, missing)} if missing.numel() else {}
+    return Advantages(rollout=adv, report=report)
+
+
+class PasskParams(EstimatorParams):
+    k: int = Field(1, ge=1, le=4096)
+    """Pass@k's k. A group with fewer than k included rollouts uses k = n (every k-subset
+    is then the whole group, so its advantages are 0); the report counts such groups."""
+    threshold: float = 0.5
+    """A rollout counts as correct when its reward is >= threshold (rewards are meant to be
+    0/1; the threshold makes other scores binary)."""
+    eps: float | None = Field(None, gt=0, le=1.0)
+    """Epsilon added to s; unset uses the profile's (rewardd/verl 1e-6, trl 1e-4,
+    openrlhf 1e-9)."""
+
+
+def _binomial_ratio(top: Tensor, bottom: Tensor, terms: Tensor, most: int) -> Tensor:
+    """float64 [G]: C(top, k) / C(bottom, k) with k = ``terms`` per group, as the product
+    of (top - j) / (bottom - j) over j < k: exact zeros when k > top, no overflowing
+    binomials. Needs bottom >= k."""
+    j = torch.arange(most, dtype=torch.float64)
+    used = j[None, :] < terms[:, None]
+    factors = (top[:, None] - j) / (bottom[:, None] - j).clamp(min=1.0)
+    return torch.where(used, factors, torch.ones_like(factors)).prod(dim=1)
+
+
+@register("passk", formula="rho = 1 - C(n-c,k)/C(n,k), s = sqrt(rho(1-rho)); "
+          "a+ = (1-rho)/(s+eps), a- = (1-rho-C(n-c-1,k-1)/C(n-1,k-1))/(s+eps)",
+          source="Pass@k Training (Chen et al. 2025, arXiv 2508.10751), analytic advantage",
+          params=PasskParams)
+def passk(batch: AdvantageBatch, params: PasskParams, pins: Pins) -> Advantages:
+    """The analytic advantage of training on the Pass@k reward: with n included rollouts
+    of which c are correct, rho is the group's Pass@k; a correct rollout gets a+, an
+    incorrect one a- (its share of the k-subsets it fails to rescue). Advantages sum to 0
+    in every group; k = 1 is GRPO with the population std. A group with no correct or no
+    incorrect rollout, and a lone rollout, get 0."""
+    eps = params.eps if params.eps is not None else pins.eps
+    g = batch.group
+    correct = batch.valid & (batch.rewards >= params.threshold)
+    n = group_sum(batch, torch.ones_like(batch.rewards))
+    c = group_sum(batch, correct.to(torch.float64))
+    k = n.clamp(max=float(params.k))
+    most = int(k.max()) if k.numel() else 0
+    rho = 1.0 - _binomial_ratio(n - c, n, k, most)
+    s = (rho * (1.0 - rho)).clamp(min=0.0).sqrt()
+    rescued = _binomial_ratio(n - c - 1.0, n - 1.0, k - 1.0, most)
+    positive = (1.0 - rho) / (s + eps)
+    negative = (1.0 - rho - rescued) / (s + eps)
+    adv = torch.where(correct, positive[g], negative[g])
+    adv = torch.where(batch.valid, adv, torch.zeros_like(adv)) + 0.0
+    clipped = int(((n > 0) & (n < params.k)).sum())
+    return Advantages(rollout=adv, report={"clipped_k_groups": clipped} if clipped else {})
+
+
+class GrpoPasskParams(EstimatorParams):
+    eps: float | None = Field(None, gt=0, le=1.0)
+    """Epsilon added to the group std; unset uses the profile's."""
+    norm_by_std: bool = True
+    """Divide the gap by the group std plus eps (verl's norm_adv_by_std_in_grpo)."""
+
+
+@register("grpo_passk", formula="a_best = (r_max - r_second) / (std_g r + eps), others 0",
+          source="verl compute_grpo_passk_outcome_advantage (after arXiv 2503.19595)",
+          params=GrpoPasskParams)
+def grpo_passk(batch: AdvantageBatch, params: GrpoPasskParams, pins: Pins) -> Tensor:
+    """Only the best rollout of each group is credited, by its margin over the runner-up,
+    normalised by the group's std. Ties at the top give a margin of 0, so the whole group
+    gets 0 and which of the tied rollouts is "best" never matters (the first in request
+    order is taken, as verl's argmax). A group with fewer than two included rollouts gets 0
+    (verl raises)."""
+    eps = params.eps if params.eps is not None else pins.eps
+    g = batch.group
+    stats = group_stats(batch, ddof=pins.std_ddof)
+    inf = torch.full((batch.num_groups,), float("inf"), dtype=torch.float64)
+    best = (-inf).scatter_reduce(0, g[batch.valid], batch.rewards[batch.valid], "amax")
+    index = torch.arange(batch.size)
+    at_top = batch.valid & (batch.rewards == best[g])
+    first = torch.full((batch.num_groups,), batch.size, dtype=torch.int64).scatter_reduce(
+        0, g[at_top], index[at_top], "amin")
+    chosen = index == first[g]
+    others = batch.valid & ~chosen
+    second = (-inf).scatter_reduce(0, g[others], batch.rewards[others], "amax")
+    enough = stats.count >= 2
+    gap = torch.where(enough, best - torch.where(enough, second, best), torch.zeros_like(best))
+    if params.norm_by_std:
+        gap = gap / (torch.nan_to_num(stats.std, nan=0.0) + eps)
+    return torch.where(chosen & enough[g], gap[g], torch.zeros_like(batch.rewards)) + 0.0
+
+
+class BaselineParams(EstimatorParams):
+    whiten: bool | None = None
+    """Whiten over the batch's mask-1 tokens; unset follows the profile (whitened under
+    rewardd, verl and openrlhf, not under trl)."""
+
+
+@register("reinforce_pp_baseline", formula="a_i = r_i - mean_g r, broadcast, then whitened "
+          "over the batch's mask-1 tokens",
+          source="REINFORCE++-baseline (arXiv 2501.03262); verl "
+          "compute_reinforce_plus_plus_baseline_outcome_advantage; OpenRLHF "
+          "'reinforce_baseline'", params=BaselineParams)
+def reinforce_pp_baseline(batch: AdvantageBatch, params: BaselineParams, pins: Pins
+                          ) -> Advantages | Tensor:
+    """The group-mean baseline of Dr. GRPO, broadcast to every token and whitened over all
+    mask-1 tokens of the batch's included rollouts (each rollout weighs by its length, as
+    verl's masked_whiten and OpenRLHF's normalisation do), with the profile's variance and
+    epsilon. Whitening shifts every token by the batch mean, so a zero-spread group ends at
+    -mean/std, not 0, as in both trainers; ``whiten: false`` keeps the exact zeros. A batch
+    sent without token counts (scalar output) is whitened over its rollouts, one entry
+    each. Under verl's singleton rule a lone rollout keeps r before whitening."""
+    stats = group_stats(batch, ddof=pins.std_ddof)
+    adv = _finish(batch, batch.rewards - stats.mean[batch.group], batch.rewards, pins, stats)
+    if not whitened("reinforce_pp_baseline", params.whiten, pins):
+        return adv
+    if batch.total_tokens == 0:
+        return batch_whiten(adv, batch.valid, pins)
+    kept = kept_tokens(batch)
+    return Advantages(token=whiten_kept(adv[batch.token_rollout], kept, pins))

@@ -42,6 +42,8 @@ class Pins:
     whiten_eps: float = 1e-8
     whiten_eps_in_sqrt: bool = True
     """True: (x - mean) * rsqrt(var + eps) (verl masked_whiten); False: (x - mean) / (std + eps)."""
+    whiten_level: Literal["token", "rollout"] = "token"
+    """Whiten over mask-1 tokens (verl, OpenRLHF) or over one value per rollout (TRL's GDPO)."""
 
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
@@ -58,7 +60,8 @@ PROFILES: dict[Profile, Pins] = {
                        whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline",
                                            "gdpo"})),
     Profile.trl: Pins(std_ddof=1, eps=1e-4, singleton="zero", equal_group_sizes=False,
-                      grouping="contiguous blocks", whitened=frozenset({"gdpo"})),
+                      grouping="contiguous blocks", whitened=frozenset({"gdpo"}),
+                      whiten_eps=1e-4, whiten_eps_in_sqrt=False, whiten_level="rollout"),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
                            grouping="contiguous blocks",
                            whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"}),

@@ -1,1 +1,218 @@
-"""(being written)"""
+"""Token-level estimators built on discounted returns: REINFORCE++ and GAE.
+
+Both work on the *kept* tokens: mask-1 tokens of included rollouts, compacted into one flat
+sequence in which each rollout is a segment. Mask-0 tokens (tool output, observations) sit
+between kept tokens of the same rollout without taking part: they carry no reward, no value
+and no discount, so a return or an advantage is carried across a mask-0 span as if the span
+were not there (gamma and lambda apply once per step from one kept token to the next). This
+is verl's rule for GAE on multi-turn responses (``compute_gae_advantage_return`` skips values
+and TD errors on observation tokens). The per-token rewards are
+
+    r_t = token_rewards_t - kl_coef * kl_t     (each 0 where not sent)
+
+plus the rollout's outcome reward r_i added at its last kept token (where verl and OpenRLHF
+put the sequence score). A rollout without kept tokens has nothing to credit.
+
+The backward recursions y_k = x_k + d_k y_{k+1} are computed by :func:`reverse_scan`, a
+blocked scan over the whole batch at once: O(tokens) work in vectorised torch, a Python loop
+only over the 64 offsets of a block, and only sums and products of the decays (all in
+[0, 1]), so unlike rescaling by gamma^-t it cannot overflow.
+
+Batch whitening (over the kept tokens of the whole batch) follows the profile: an entry in
+``pins.whitened`` is whitened with that profile's variance estimator and epsilon; the
+``whiten`` parameter overrides the profile. These entries are defined per token, so they
+always whiten over tokens (``pins.whiten_level`` is for rollout-level aggregates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from service.advantages.batch import AdvantageBatch, Advantages
+from service.advantages.groups import batch_whiten
+from service.advantages.profiles import Pins
+from service.advantages.registry import EstimatorParams, register
+
+
+SCAN_BLOCK = 64
+
+
+def _blocks(v: Tensor, blocks: int) -> Tensor:
+    """[SCAN_BLOCK, blocks]: ``v`` zero-padded and cut into blocks, one block per column
+    (so the scan's loop over offsets reads contiguous rows)."""
+    pad = blocks * SCAN_BLOCK - v.numel()
+    if pad:
+        v = torch.cat([v, v.new_zeros(pad)])
+    return v.view(blocks, SCAN_BLOCK).T.contiguous()
+
+
+def reverse_scan(x: Tensor, decay: Tensor) -> Tensor:
+    """y_k = x_k + decay_k * y_{k+1} over a flat tensor, with y past the end 0.
+
+    A decay of 0 ends a segment (nothing flows into it from the right), so many independent
+    sequences scan at once. The sequence is cut into blocks of SCAN_BLOCK: a loop over the
+    offsets of a block, vectorised across all blocks, scans every block with no carry-in and
+    records the product of decays from each element to its block's end. The full values at
+    the block starts obey the same recursion on a sequence SCAN_BLOCK times shorter (scanned
+    by the same function); each element then adds its decay product times the next block's
+    start. O(M) work; only sums and products of decays in [0, 1], so nothing overflows
+    (rescaling by gamma^-t would: 0.99^-100000 is 1e436).
+    """
+    m = x.numel()
+    blocks = max(1, -(-m // SCAN_BLOCK))
+    values, to_end = _blocks(x, blocks), _blocks(decay, blocks)
+    carry = values.new_zeros(blocks)
+    product = values.new_ones(blocks)
+    for j in range(SCAN_BLOCK - 1, -1, -1):
+        carry = torch.addcmul(values[j], to_end[j], carry)
+        values[j] = carry
+        product = to_end[j] * product
+        to_end[j] = product
+    if blocks > 1:
+        starts = reverse_scan(values[0].clone(), to_end[0].clone())
+        values.addcmul_(to_end, torch.cat([starts[1:], starts.new_zeros(1)]))
+    return values.T.reshape(-1)[:m]
+
+
+@dataclass(frozen=True)
+class KeptTokens:
+    """The mask-1 tokens of included rollouts, compacted: the layout both scans run on."""
+
+    index: Tensor  # int64 [M]: position of each kept token in the flat token tensor
+    rollout: Tensor  # int64 [M]: the rollout each kept token belongs to
+    last: Tensor  # bool [M]: the rollout's last kept token (where a segment ends)
+    mask: Tensor  # bool [N]: kept, over the flat token tensor
+
+    def decay(self, factor: float) -> Tensor:
+        """float64 [M]: ``factor`` between consecutive kept tokens of a rollout, 0 at its end."""
+        return (~self.last).to(torch.float64).mul_(factor)
+
+    def next_of(self, values: Tensor) -> Tensor:
+        """float64 [M]: the value at the rollout's next kept token, 0 after its last."""
+        shifted = torch.zeros_like(values)
+        shifted[:-1] = values[1:]
+        return shifted.masked_fill_(self.last, 0.0)
+
+    def scatter(self, values: Tensor, total: int) -> Tensor:
+        """float64 [N]: ``values`` at the kept positions (-0.0 made +0.0), +0.0 elsewhere."""
+        out = torch.zeros(total, dtype=torch.float64)
+        out[self.index] = values + 0.0
+        return out
+
+
+def kept_tokens(batch: AdvantageBatch) -> KeptTokens:
+    mask = batch.token_mask & batch.valid[batch.token_rollout]
+    index = mask.nonzero().squeeze(1)
+    rollout = batch.token_rollout[index]
+    last = torch.ones_like(rollout, dtype=torch.bool)
+    last[:-1] = rollout[1:] != rollout[:-1]
+    return KeptTokens(index=index, rollout=rollout, last=last, mask=mask)
+
+
+def per_token_field(batch: AdvantageBatch, name: str) -> Tensor | None:
+    """float64 [N]: a per-token rollout field read from the request rollouts (0 where not
+    sent); None when no rollout sent it.
+
+    A loop over rollouts: ``kl`` is not one of the batch's flat tensors, so it is gathered
+    here from the validated rollouts (validation has checked its length).
+    """
+    if not any(getattr(r, name, None) is not None for r in batch.rollouts):
+        return None
+    values: list[float] = []
+    for rollout, n in zip(batch.rollouts, batch.num_tokens.tolist()):
+        sent = getattr(rollout, name)
+        values.extend(sent if sent is not None else [0.0] * n)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Tensor:
+    """float64 [M]: token_rewards - kl_coef * kl on kept tokens, plus the outcome reward at
+    each rollout's last kept token."""
+    if batch.token_rewards is not None:
+        out = batch.token_rewards[kept.index]
+    else:
+        out = torch.zeros(kept.index.numel(), dtype=torch.float64)
+    kl = per_token_field(batch, "kl") if kl_coef != 0.0 else None
+    if kl is not None:
+        out.sub_(kl[kept.index], alpha=kl_coef)
+    ends = kept.last.nonzero().squeeze(1)
+    out[ends] += batch.rewards[kept.rollout[ends]]
+    return out
+
+
+def whitened(name: str, override: bool | None, pins: Pins) -> bool:
+    """Whether entry ``name`` is batch-whitened: the ``whiten`` param, else the profile."""
+    return override if override is not None else name in pins.whitened
+
+
+def whiten_kept(values: Tensor, kept: KeptTokens, pins: Pins) -> Tensor:
+    """Batch whitening over the kept tokens with the profile's pins; others +0.0."""
+    return batch_whiten(values, kept.mask, pins)
+
+
+class ReturnsParams(EstimatorParams):
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount per step between consecutive kept (mask-1) tokens; mask-0 tokens do not
+    count as steps. 1.0 is verl's default."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the per-token KL penalty sent as ``kl``: r_t -= kl_coef * kl_t."""
+    whiten: bool | None = None
+    """Whiten over the batch's kept tokens; unset follows the profile (whitened under
+    rewardd, verl and openrlhf, not under trl)."""
+
+
+@register("reinforce_pp", formula="G_t = r_t + gamma G_{t+1} over mask-1 tokens; "
+          "A = batch-whitened G",
+          source="REINFORCE++ (Hu 2025, arXiv 2501.03262); verl "
+          "compute_reinforce_plus_plus_outcome_advantage; OpenRLHF 'reinforce'",
+          params=ReturnsParams)
+def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Advantages:
+    """Discounted return of per-token rewards (token_rewards - kl_coef * kl, the outcome
+    reward added at the rollout's last mask-1 token), computed right to left and carried
+    across mask-0 spans: a mask-0 token adds no reward and no discount step. Advantages are
+    the returns whitened over the batch's mask-1 tokens when the profile (or ``whiten``)
+    says so; ``returns`` are the unwhitened G.
+
+    Where trainers differ: verl resets the running return at every mask-0 token (meant for
+    the padding after EOS), OpenRLHF discounts across mask-0 positions; with mask-0 tokens
+    only at the end of a response, and with gamma 1, all three agree."""
+    kept = kept_tokens(batch)
+    returns = reverse_scan(kept_rewards(batch, kept, params.kl_coef), kept.decay(params.gamma))
+    dense = kept.scatter(returns, batch.total_tokens)
+    token = whiten_kept(dense, kept, pins) if whitened("reinforce_pp", params.whiten, pins) \
+        else dense
+    return Advantages(token=token, returns=dense)
+
+
+class GaeParams(ReturnsParams):
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    """GAE lambda: 1.0 (verl's default) gives A_t = G_t - V_t, 0 the one-step TD error."""
+    whiten: bool | None = None
+    """Whiten the advantages over the batch's kept tokens; unset follows the profile
+    (whitened under verl and openrlhf, not under rewardd and trl)."""
+
+
+@register("gae", formula="delta_t = r_t + gamma V_{t+1} - V_t; A_t = delta_t + gamma lambda "
+          "A_{t+1}; returns = A + V", inputs=("rewards", "values"),
+          source="GAE (Schulman et al. 2016); verl compute_gae_advantage_return; "
+          "OpenRLHF get_advantages_and_returns", params=GaeParams)
+def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
+    """Generalised advantage estimation from the critic's per-token values. Over mask-1
+    tokens only: V_{t+1} is the value at the rollout's next mask-1 token (0 after its
+    last), and A carries across mask-0 spans with one gamma*lambda per step, as verl does
+    for observation tokens (OpenRLHF and TRL handle only trailing padding). Rewards as in
+    reinforce_pp. ``returns`` = A + V before whitening (the critic's target)."""
+    if batch.values is None:
+        raise ValueError("gae needs per-token values on every rollout")
+    kept = kept_tokens(batch)
+    values = batch.values[kept.index]
+    delta = kept_rewards(batch, kept, params.kl_coef).add_(kept.next_of(values),
+                                                           alpha=params.gamma).sub_(values)
+    adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
+    dense = kept.scatter(adv, batch.total_tokens)
+    token = whiten_kept(dense, kept, pins) if whitened("gae", params.whiten, pins) else dense
+    return Advantages(token=token, returns=kept.scatter(adv + values, batch.total_tokens))

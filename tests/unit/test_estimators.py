@@ -93,6 +93,8 @@ def unbiased_std(xs: list[float]) -> float:
 
 
 def grpo_formula(xs: list[float], eps: float) -> list[float]:
+    if len(set(xs)) == 1:  # zero spread: exactly 0 by definition, whatever the rounding
+        return [0.0] * len(xs)
     m = sum(xs) / len(xs)
     s = unbiased_std(xs)
     return [(x - m) / (s + eps) for x in xs]
