@@ -6,6 +6,7 @@ import importlib
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -35,6 +36,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     """The application. Without ``executor`` it starts (and stops) an embedded one."""
     settings = settings or get_settings()
     load_plugins(settings)
+    torch.set_num_threads(settings.torch_threads)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
+import torch
 from pydantic import ValidationError
 from tqdm import tqdm
 
@@ -117,6 +118,7 @@ def run_file(source: Path, output: Path, spec_path: Path | None, batch_size: int
              settings: Settings, progress: bool = True) -> dict[str, Any]:
     """Score ``source`` into ``output``; return the summary over all batches."""
     started = time.perf_counter()
+    torch.set_num_threads(settings.torch_threads)
     jobs = load(source, spec_path, batch_size, settings)
     total = sum(len(g.rollouts) * max(1, len(getattr(j.request, "rewards", ())))
                 for j in jobs for g in j.request.groups)

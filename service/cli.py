@@ -71,7 +71,7 @@ def serve(**flags: Any) -> None:
 @click.option("--batch-size", default=64, show_default=True,
               help="Groups per batch when --spec is given.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-@settings_options("pool_size", "verifier_timeout_s", "plugins")
+@settings_options("pool_size", "verifier_timeout_s", "plugins", "torch_threads")
 def score(source: Path, output: Path, spec: Path | None, batch_size: int, progress: bool,
           **flags: Any) -> None:
     """Score SOURCE offline through the same pipeline as POST /v1/score.

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     run_state_ttl_s: float = Field(
         7 * 24 * 3600, gt=0, description="Run state (difficulty anchors, UCB statistics) "
         "expires this long after the run's last request.")
+    torch_threads: int = Field(
+        1, ge=1, description="Intra-op threads of torch in the API process. One by default: "
+        "advantage tensors of a request are small and extra threads only contend with the "
+        "event loop and the verifier workers.")
     plugins: str = Field(
         "", description="Comma-separated modules imported by the API and every verifier "
         "worker; a plugin calls verifiers.register() to add a verifier kind.")

@@ -13,30 +13,18 @@ from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
-from service.advantages import get_entry, pins_for
+from service.advantages import ENTRIES, get_entry, pins_for
+from service.errors import Loc, RequestInvalid, error
 from service.advantages.registry import Kind
 from service.models import (AdvantageSpec, AdvantagesRequest, Group, RewardSpec, RewardsRequest,
                             Rollout, ScoreRequest)
 from service.settings import Settings
 from verifiers import get_verifier
 
-Loc = tuple[str | int, ...]
 MAX_TOKENS_PER_REQUEST = 1 << 27
 """Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""
 PER_TOKEN_FIELDS = ("mask", "token_rewards", "values", "kl", "signal")
 SPAN_FIELDS = ("segments", "turns", "steps")
-
-
-class RequestInvalid(Exception):
-    """One or more request errors; rendered as a 422 response."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
-        self.errors = errors
-
-
-def error(loc: Loc, msg: str, kind: str = "value_error") -> dict[str, Any]:
-    return {"loc": list(loc), "msg": msg, "type": kind}
 
 
 def pydantic_errors(exc: ValidationError, prefix: Loc) -> list[dict[str, Any]]:
@@ -194,6 +182,10 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
             errors.append(error(("body", "run_id"), f"{kind} {name!r} keeps per-run state: "
                                 "send a run_id"))
         errors += check_inputs(entry.name, kind, entry.inputs, groups)
+    estimator = ENTRIES.get(spec.estimator)
+    if estimator is not None and "components" in estimator.inputs and spec.aggregate != "sum":
+        errors.append(error(loc + ("aggregate",), f"estimator {spec.estimator!r} routes each "
+                            "reward component itself; use aggregate 'sum'"))
     if pins_for(spec.profile).equal_group_sizes:
         sizes = {len(g.rollouts) for g in groups}
         if len(sizes) > 1:

@@ -23,6 +23,7 @@ from torch import Tensor
 from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.groups import batch_whiten, group_sum
 from service.advantages.profiles import Pins
+from service.errors import invalid
 from service.advantages.registry import EstimatorParams, register
 from service.models import FiniteFloat
 
@@ -71,12 +72,10 @@ def _columns(batch: AdvantageBatch) -> tuple[Tensor, Tensor, tuple[str, ...], Te
 
 
 def _token_level(entry: str) -> Exception:
-    # Imported here: service.validation imports this package at module level.
-    from service.validation import RequestInvalid, error
-    return RequestInvalid([error(
+    return invalid(
         ("body", "advantage", "estimator"),
         f"aggregate {entry!r} combines one advantage per rollout and component; the estimator "
-        "gives per-token advantages: choose a rollout-level estimator (grpo, dr_grpo, rloo)")])
+        "gives per-token advantages: choose a rollout-level estimator (grpo, dr_grpo, rloo)")
 
 
 def _per_component(batch: AdvantageBatch, estimate: Estimate, entry: str) -> Tensor:
@@ -92,12 +91,13 @@ def _per_component(batch: AdvantageBatch, estimate: Estimate, entry: str) -> Ten
     return torch.stack(out, 1)
 
 
-def _token_whiten(batch: AdvantageBatch, values: Tensor, tokens: Tensor, pins: Pins) -> Tensor:
+def _token_whiten(batch: AdvantageBatch, values: Tensor, tokens: Tensor, pins: Pins,
+                  entry: str) -> Tensor:
     """Rollout values broadcast to their tokens, whitened over ``tokens`` (verl's
     masked_whiten), read back one per rollout. A rollout's counted tokens hold bit-identical
     values, so amax returns exactly the per-token value; rollouts with none get 0."""
     owner = batch.token_rollout
-    out = batch_whiten(values[owner], tokens, pins)
+    out = batch_whiten(values[owner], tokens, pins, entry)
     return torch.zeros_like(values).scatter_reduce(
         0, owner[tokens], out[tokens], "amax", include_self=False) + 0.0
 
@@ -111,14 +111,14 @@ def _finish(entry: str, params: DecoupledParams, pins: Pins, batch: AdvantageBat
         {entry, "gdpo"} & pins.whitened)
     if not whiten:
         return combined + 0.0, None
-    # Pins carry no level yet (verl whitens tokens, TRL's GDPO rollouts); a profile that
-    # defines ``whiten_level`` sets it without a change here.
-    level = params.whiten_level or getattr(pins, "whiten_level", "token")
+    # gdpo's kin whiten as the trainer whitens gdpo unless the profile pins them itself
+    pinned = entry if entry in pins.whitening else "gdpo"
+    level = params.whiten_level or pins.whitening_for(pinned).level
     if level == "token":
         tokens = batch.token_mask & keep[batch.token_rollout]
         if bool(tokens.any()):
-            return _token_whiten(batch, combined, tokens, pins), "token"
-    return batch_whiten(combined, keep, pins), "rollout"
+            return _token_whiten(batch, combined, tokens, pins, pinned), "token"
+    return batch_whiten(combined, keep, pins, pinned), "rollout"
 
 
 def _by_name(names: tuple[str, ...], values: Tensor) -> dict[str, float]:
@@ -196,11 +196,10 @@ def _check_ranges(names: tuple[str, ...], ranges: dict[str, tuple[float, float]]
     """A declared range must name a component of the batch (422 otherwise)."""
     unknown = sorted(set(ranges) - set(names))
     if unknown:
-        from service.validation import RequestInvalid, error  # see _token_level
-        raise RequestInvalid([error(
+        raise invalid(
             ("body", "advantage", "aggregate_params", "ranges", unknown[0]),
             f"aggregate 'sa_mrpo': no reward component {unknown[0]!r}; components: "
-            f"{', '.join(names)}")])
+            f"{', '.join(names)}")
 
 
 @register("sa_mrpo", kind="aggregate", params=SaMrpoParams,

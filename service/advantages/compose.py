@@ -72,7 +72,8 @@ def run_stages(batch: AdvantageBatch, spec: AdvantageSpec) -> Composed:
     if advantages.report:
         report[spec.aggregate if spec.aggregate != "sum" else estimator.name] = advantages.report
         advantages.report = {}
-    if not advantages.components and len(batch.component_names) > 1:
+    if (not advantages.components and len(batch.component_names) > 1
+            and not advantages.is_token_level):
         advantages.components = per_component(batch, estimate)
     for stage in spec.reweight:
         entry = get_entry(stage.name, "reweight")

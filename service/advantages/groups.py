@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch
-from service.advantages.profiles import Pins
+from service.advantages.profiles import Pins, Whitening
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,26 +60,26 @@ def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
     return torch.zeros(batch.num_groups, dtype=values.dtype).index_add_(0, batch.group, kept)
 
 
-def whiten(values: Tensor, mask: Tensor, *, ddof: int = 1, eps: float = 1e-8,
-           eps_in_sqrt: bool = True, shift_mean: bool = True) -> Tensor:
-    """Batch whitening over the entries where ``mask`` is True (others come back +0.0).
-
-    ``eps_in_sqrt``: (x - mean) * rsqrt(var + eps), as verl's masked_whiten; otherwise
-    (x - mean) / (std + eps). ``ddof`` 1 is the unbiased variance (verl), 0 the biased one
-    (OpenRLHF). With ``shift_mean`` False the mean is added back.
-    """
+def whiten(values: Tensor, mask: Tensor, how: Whitening, *, shift_mean: bool = True) -> Tensor:
+    """Batch whitening over the entries where ``mask`` is True (others come back +0.0), with
+    one trainer's formula (see :class:`~service.advantages.profiles.Whitening`). With
+    ``shift_mean`` False the mean is added back."""
     n = mask.sum().to(values.dtype)
     kept = torch.where(mask, values, torch.zeros_like(values))
     mean = kept.sum() / n.clamp(min=1)
     centred = torch.where(mask, values - mean, torch.zeros_like(values))
-    var = (centred * centred).sum() / (n - ddof).clamp(min=1)
-    out = centred * torch.rsqrt(var + eps) if eps_in_sqrt else centred / (var.sqrt() + eps)
+    var = (centred * centred).sum() / (n - how.ddof).clamp(min=1)
+    if how.mode == "var_plus":
+        out = centred * torch.rsqrt(var + how.eps)
+    elif how.mode == "var_clamp":
+        out = centred * torch.rsqrt(var.clamp(min=how.eps))
+    else:
+        out = centred / (var.sqrt() + how.eps)
     if not shift_mean:
         out = out + mean
     return torch.where(mask, out, torch.zeros_like(values)) + 0.0
 
 
-def batch_whiten(values: Tensor, mask: Tensor, pins: Pins) -> Tensor:
-    """Whitening with the profile's pins (variance estimator and epsilon)."""
-    return whiten(values, mask, ddof=pins.whiten_ddof, eps=pins.whiten_eps,
-                  eps_in_sqrt=pins.whiten_eps_in_sqrt)
+def batch_whiten(values: Tensor, mask: Tensor, pins: Pins, entry: str) -> Tensor:
+    """Whitening of ``entry`` with the profile's formula for it."""
+    return whiten(values, mask, pins.whitening_for(entry))

@@ -18,10 +18,9 @@ from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.groups import GroupStats, batch_whiten, group_stats, group_sum
-from service.advantages.profiles import Pins, pins_for
+from service.advantages.profiles import Pins
 from service.advantages.registry import EstimatorParams, register
 from service.advantages.returns import kept_tokens, whiten_kept, whitened
-from service.models import Profile
 
 
 def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
@@ -136,7 +135,7 @@ def gpg(batch: AdvantageBatch, params: GpgParams, pins: Pins) -> Advantages:
     alpha * r (verl's mean 0)."""
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
-    count = params.count or ("reward" if pins == pins_for(Profile.verl) else "spread")
+    count = params.count or pins.gpg_count
     if count == "reward":
         signal = batch.valid & (batch.rewards != 0)
     else:
@@ -296,6 +295,7 @@ def reinforce_pp_baseline(batch: AdvantageBatch, params: BaselineParams, pins: P
     if not whitened("reinforce_pp_baseline", params.whiten, pins):
         return adv
     if batch.total_tokens == 0:
-        return batch_whiten(adv, batch.valid, pins)
+        return batch_whiten(adv, batch.valid, pins, "reinforce_pp_baseline")
     kept = kept_tokens(batch)
-    return Advantages(token=whiten_kept(adv[batch.token_rollout], kept, pins))
+    return Advantages(token=whiten_kept(adv[batch.token_rollout], kept, pins,
+                                        "reinforce_pp_baseline"))

@@ -10,12 +10,33 @@ with them to float32 precision (verl's GRPO on [1,0,0,0] gives 1.499997 either w
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Mapping
 
 from service.models import Profile
 
 SingletonRule = Literal["zero", "mean0_std1"]
+
+
+@dataclass(frozen=True, slots=True)
+class Whitening:
+    """One trainer's batch whitening of one entry's advantages."""
+
+    ddof: int = 1
+    """1: unbiased variance (verl masked_var, TRL); 0: biased (OpenRLHF)."""
+    eps: float = 1e-8
+    mode: Literal["var_plus", "std_plus", "var_clamp"] = "var_plus"
+    """var_plus: (x - mean) * rsqrt(var + eps) (verl masked_whiten, TRL PPO);
+    std_plus: (x - mean) / (std + eps) (TRL GDPO); var_clamp: (x - mean) * rsqrt(max(var, eps))
+    (OpenRLHF)."""
+    level: Literal["token", "rollout"] = "token"
+    """Over mask-1 tokens (verl, OpenRLHF, TRL PPO) or one value per rollout (TRL GDPO).
+    Token-level estimators always whiten over tokens."""
+
+
+VERL_WHITENING = Whitening()
+OPENRLHF_WHITENING = Whitening(ddof=0, eps=1e-8, mode="var_clamp")
+TRL_GDPO_WHITENING = Whitening(ddof=1, eps=1e-4, mode="std_plus", level="rollout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,37 +56,43 @@ class Pins:
     must have the same number of rollouts."""
     grouping: str
     """How the trainer forms groups (documentation only: rewardd always groups by group_id)."""
-    whitened: frozenset[str] = frozenset()
-    """Entries whose advantages this trainer whitens over the whole batch (masked tokens)."""
-    whiten_ddof: int = 1
-    """Variance of the batch whitening: 1 unbiased (verl masked_var), 0 biased (OpenRLHF)."""
-    whiten_eps: float = 1e-8
-    whiten_eps_in_sqrt: bool = True
-    """True: (x - mean) * rsqrt(var + eps) (verl masked_whiten); False: (x - mean) / (std + eps)."""
-    whiten_level: Literal["token", "rollout"] = "token"
-    """Whiten over mask-1 tokens (verl, OpenRLHF) or over one value per rollout (TRL's GDPO)."""
+    gpg_count: Literal["spread", "reward"] = "spread"
+    """GPG's valid samples: rollouts of groups with reward spread (the paper), or rollouts
+    with a non-zero reward (verl's compute_gpg_outcome_advantage)."""
+    whitening: Mapping[str, Whitening] = field(default_factory=dict)
+    """Entries this trainer whitens over the whole batch, each with the trainer's formula."""
+
+    @property
+    def whitened(self) -> frozenset[str]:
+        return frozenset(self.whitening)
+
+    def whitening_for(self, entry: str) -> Whitening:
+        """How ``entry`` is whitened when asked to be (the verl formula when not pinned)."""
+        return self.whitening.get(entry, Whitening())
 
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
-        out["whitened"] = sorted(self.whitened)
+        out["whitening"] = {name: asdict(w) for name, w in sorted(self.whitening.items())}
         return out
 
 
 PROFILES: dict[Profile, Pins] = {
     Profile.rewardd: Pins(std_ddof=1, eps=1e-6, singleton="zero", equal_group_sizes=False,
-                          grouping="by group_id",
-                          whitened=frozenset({"reinforce_pp", "reinforce_pp_baseline", "gdpo"})),
+                          grouping="by group_id", whitening={
+                              "reinforce_pp": VERL_WHITENING,
+                              "reinforce_pp_baseline": VERL_WHITENING,
+                              "gdpo": VERL_WHITENING}),
     Profile.verl: Pins(std_ddof=1, eps=1e-6, singleton="mean0_std1", equal_group_sizes=False,
-                       grouping="by uid",
-                       whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline",
-                                           "gdpo"})),
+                       grouping="by uid", gpg_count="reward", whitening={
+                           "gae": VERL_WHITENING, "reinforce_pp": VERL_WHITENING,
+                           "reinforce_pp_baseline": VERL_WHITENING, "gdpo": VERL_WHITENING}),
     Profile.trl: Pins(std_ddof=1, eps=1e-4, singleton="zero", equal_group_sizes=False,
-                      grouping="contiguous blocks", whitened=frozenset({"gdpo"}),
-                      whiten_eps=1e-4, whiten_eps_in_sqrt=False, whiten_level="rollout"),
+                      grouping="contiguous blocks", whitening={
+                          "gae": VERL_WHITENING, "gdpo": TRL_GDPO_WHITENING}),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
-                           grouping="contiguous blocks",
-                           whitened=frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"}),
-                           whiten_ddof=0, whiten_eps_in_sqrt=False),
+                           grouping="contiguous blocks", whitening={
+                               "gae": OPENRLHF_WHITENING, "reinforce_pp": OPENRLHF_WHITENING,
+                               "reinforce_pp_baseline": OPENRLHF_WHITENING}),
 }
 
 

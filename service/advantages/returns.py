@@ -149,9 +149,9 @@ def whitened(name: str, override: bool | None, pins: Pins) -> bool:
     return override if override is not None else name in pins.whitened
 
 
-def whiten_kept(values: Tensor, kept: KeptTokens, pins: Pins) -> Tensor:
-    """Batch whitening over the kept tokens with the profile's pins; others +0.0."""
-    return batch_whiten(values, kept.mask, pins)
+def whiten_kept(values: Tensor, kept: KeptTokens, pins: Pins, entry: str) -> Tensor:
+    """Batch whitening over the kept tokens with the profile's formula; others +0.0."""
+    return batch_whiten(values, kept.mask, pins, entry)
 
 
 class ReturnsParams(EstimatorParams):
@@ -183,7 +183,8 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
     kept = kept_tokens(batch)
     returns = reverse_scan(kept_rewards(batch, kept, params.kl_coef), kept.decay(params.gamma))
     dense = kept.scatter(returns, batch.total_tokens)
-    token = whiten_kept(dense, kept, pins) if whitened("reinforce_pp", params.whiten, pins) \
+    token = whiten_kept(dense, kept, pins, "reinforce_pp") \
+        if whitened("reinforce_pp", params.whiten, pins) \
         else dense
     return Advantages(token=token, returns=dense)
 
@@ -214,5 +215,6 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
                                                            alpha=params.gamma).sub_(values)
     adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
     dense = kept.scatter(adv, batch.total_tokens)
-    token = whiten_kept(dense, kept, pins) if whitened("gae", params.whiten, pins) else dense
+    token = whiten_kept(dense, kept, pins, "gae") if whitened("gae", params.whiten, pins) \
+        else dense
     return Advantages(token=token, returns=kept.scatter(adv + values, batch.total_tokens))

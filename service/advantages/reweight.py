@@ -24,6 +24,7 @@ from torch import Tensor
 from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.groups import group_sum
 from service.advantages.profiles import Pins
+from service.errors import RequestInvalid, error
 from service.advantages.registry import EstimatorParams, register
 from service.advantages.transforms import group_ranks
 
@@ -272,7 +273,6 @@ class ModulateParams(EstimatorParams):
 
 def _signal_input_errors(batch: AdvantageBatch, source: str) -> list[dict[str, Any]]:
     """The 422 validation cannot give: the entry's input depends on its ``source`` param."""
-    from service.validation import error  # validation imports this package
 
     for gi, group in enumerate(batch.groups):
         for ri, rollout in enumerate(group.rollouts):
@@ -357,7 +357,6 @@ def modulate(batch: AdvantageBatch, advantages: Advantages, params: ModulatePara
     Returns token-level advantages."""
     errors = _signal_input_errors(batch, params.source)
     if errors:
-        from service.validation import RequestInvalid  # validation imports this package
         raise RequestInvalid(errors)
     z = _token_z(batch) if params.source == "token" else _turn_z(batch)
     base = (advantages.token if advantages.token is not None

@@ -30,6 +30,7 @@ from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.groups import GroupStats, group_stats
 from service.advantages.outcome import GrpoParams, dr_grpo, grpo
 from service.advantages.profiles import Pins
+from service.errors import invalid
 from service.advantages.registry import EstimatorParams, register
 from service.models import Name
 
@@ -164,7 +165,7 @@ def base_advantage(batch: AdvantageBatch, base: Base, eps: float | None, pins: P
 # ---- segment -------------------------------------------------------------------------------
 
 class SegmentParams(GrpoParams):
-    bindings: dict[Name, list[Name]] = Field(default_factory=dict)
+    bindings: dict[Name, list[Name]] = {}
     """Component name -> the segment labels its advantage is routed to, for example
     {"format": ["think"], "correct": ["answer"]}. A label bound to several components gets the
     sum of their advantages. Empty: nothing is routed and every token gets the default."""
@@ -182,7 +183,7 @@ class SegmentParams(GrpoParams):
           "the group's rollouts that carry a segment of k; default elsewhere",
           source="Blockwise Advantage Estimation; SLCA-GRPO (segment-locked credit); "
           "DSS-GRPO (segment-wise GRPO with hard token masks)",
-          params=SegmentParams, inputs=("segments",))
+          params=SegmentParams, inputs=("segments", "components"))
 def segment(batch: AdvantageBatch, params: SegmentParams, pins: Pins) -> Advantages:
     """Each reward component gets its own group-relative advantage, applied only to the
     tokens of the segments bound to it (``bindings``), so one objective's signal does not
@@ -197,8 +198,9 @@ def segment(batch: AdvantageBatch, params: SegmentParams, pins: Pins) -> Advanta
     names = list(params.bindings)
     unknown = [n for n in names if n not in batch.component_names]
     if unknown:
-        raise ValueError(f"segment bindings name unknown reward component(s) {unknown}; "
-                         f"components of this request: {list(batch.component_names)}")
+        raise invalid(("body", "advantage", "params", "bindings", unknown[0]),
+                      f"estimator 'segment': no reward component {unknown[0]!r}; components "
+                      f"of this request: {', '.join(batch.component_names)}")
     segs = spans_of(batch, "segments")
     labels: dict[str, int] = {}
     seg_label = torch.tensor([labels.setdefault(s.label, len(labels)) for s in segs.items],

@@ -17,6 +17,7 @@ from torch import Tensor
 from service.advantages.batch import AdvantageBatch, Advantages
 from service.advantages.outcome import GrpoParams, grpo
 from service.advantages.profiles import Pins
+from service.errors import invalid
 from service.advantages.registry import register
 from service.advantages.routing import (Spans, discounted_suffix_sum, relative, spans_of,
                                         spread_to_tokens)
@@ -113,7 +114,7 @@ def leader_clusters(embeddings: Tensor, group: Tensor, include: Tensor, threshol
     leader = torch.zeros_like(present)
     cluster = torch.arange(width).repeat(padded.shape[0], 1)
     for k in range(width):  # leaders depend on earlier assignments: sequential per slot
-        similar = (padded * padded[:, k:k + 1]).sum(-1) > threshold
+        similar = torch.bmm(padded, padded[:, k, :, None]).squeeze(2) > threshold
         candidates = leader & similar
         joined = candidates.any(1)
         cluster[:, k] = torch.where(joined, candidates.to(torch.int8).argmax(1), k)
@@ -137,7 +138,8 @@ def bipace(batch: AdvantageBatch, params: BipaceParams, pins: Pins) -> Advantage
     steps = spans_of(batch, "steps")
     dims = {len(s.embedding) for s in steps.items if s.embedding is not None}
     if len(dims) > 1:
-        raise ValueError(f"bipace needs step embeddings of one dimension; got {sorted(dims)}")
+        raise invalid(("body", "groups"), "estimator 'bipace' needs step embeddings of one "
+                      f"dimension; got dimensions {sorted(dims)}")
     dim = dims.pop() if dims else 1
     rows = [s.embedding if s.embedding is not None else [0.0] * dim for s in steps.items]
     embeddings = torch.tensor(rows, dtype=torch.float64).reshape(steps.size, dim)

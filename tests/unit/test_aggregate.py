@@ -138,16 +138,17 @@ def test_gdpo_is_whitened_with_the_profiles_whitening_pins(profile):
     eps = pins.eps  # the group z-scores use the profile's grpo epsilon
     s0, s1 = 1 / math.sqrt(3) + eps, 1 / math.sqrt(2) + eps
     raw = [(5 / 3) / s0, (-1 / 3) / s0, (-4 / 3) / s0, -1 / s1, 1 / s1]
-    expected = whiten_by_hand(raw, [1] * 5, pins.whiten_ddof, pins.whiten_eps,
-                              pins.whiten_eps_in_sqrt)
+    how = pins.whitening_for("gdpo")
+    expected = whiten_by_hand(raw, [1] * 5, how.ddof, how.eps, how.mode == "var_plus")
     a, report = aggregate(batch_of(ACC, FMT), "gdpo", profile=profile)
     assert a.rollout.tolist() == pytest.approx(expected, abs=TIGHT, rel=0)
-    assert report == {"whitening": pins.whiten_level}
+    assert report == {"whitening": pins.whitening_for("gdpo").level}
 
 
 def test_gdpo_under_verl_whitens_as_masked_whiten_unbiased_var_eps_1e_8_in_the_sqrt():
     pins = pins_for("verl")
-    assert (pins.whiten_ddof, pins.whiten_eps, pins.whiten_eps_in_sqrt) == (1, 1e-8, True)
+    how = pins.whitening_for("gdpo")
+    assert (how.ddof, how.eps, how.mode) == (1, 1e-8, "var_plus")
     raw = [(5 / 3) / S0, (-1 / 3) / S0, (-4 / 3) / S0, -1 / S1, 1 / S1]
     mean = sum(raw) / 5
     var = sum((x - mean) ** 2 for x in raw) / 4
@@ -527,14 +528,14 @@ def test_property_single_component_gdpo_is_grpo_then_whitening(case):
     pins = pins_for(profile)
     grpo = compute(batch, "grpo", {}, profile).rollout
     tokens = batch.token_mask & batch.valid[batch.token_rollout]
-    if bool(tokens.any()) and pins.whiten_level == "token":
-        expected = batch_whiten(grpo[batch.token_rollout], tokens, pins)
+    if bool(tokens.any()) and pins.whitening_for("gdpo").level == "token":
+        expected = batch_whiten(grpo[batch.token_rollout], tokens, pins, "gdpo")
     else:
-        expected = Advantages(rollout=batch_whiten(grpo, batch.valid, pins)).per_token(batch)
+        expected = Advantages(rollout=batch_whiten(grpo, batch.valid, pins, "gdpo")).per_token(batch)
     a, _ = aggregate(batch, "gdpo", profile=profile, whiten=True)
     assert a.per_token(batch).tolist() == pytest.approx(expected.tolist(), abs=TIGHT, rel=0)
-    if not bool(tokens.any()) or pins.whiten_level == "rollout":
-        assert a.rollout.tolist() == pytest.approx(batch_whiten(grpo, batch.valid, pins).tolist(),
+    if not bool(tokens.any()) or pins.whitening_for("gdpo").level == "rollout":
+        assert a.rollout.tolist() == pytest.approx(batch_whiten(grpo, batch.valid, pins, "gdpo").tolist(),
                                                    abs=TIGHT, rel=0)
     assert all(x == 0.0 for x in a.rollout[~batch.valid].tolist())
 
@@ -580,8 +581,8 @@ def test_property_gd2po_masked_rollouts_get_plus_zero_and_consensus_lies_in_unit
 
 def test_gdpo_under_trl_whitens_one_value_per_rollout_with_std_plus_1e_4():
     pins = pins_for("trl")
-    assert (pins.whiten_ddof, pins.whiten_eps, pins.whiten_eps_in_sqrt,
-            pins.whiten_level) == (1, 1e-4, False, "rollout")
+    how = pins.whitening_for("gdpo")
+    assert (how.ddof, how.eps, how.mode, how.level) == (1, 1e-4, "std_plus", "rollout")
     s0, s1 = 1 / math.sqrt(3) + 1e-4, 1 / math.sqrt(2) + 1e-4
     raw = [(5 / 3) / s0, (-1 / 3) / s0, (-4 / 3) / s0, -1 / s1, 1 / s1]
     mean = sum(raw) / 5

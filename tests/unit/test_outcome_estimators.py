@@ -257,9 +257,9 @@ def test_reinforce_pp_verl_whitening_uses_unbiased_var_inside_rsqrt():
     assert dense(TWO_ROLLOUTS, "reinforce_pp", profile="verl") == approx([[a, a], [-a, -a]])
 
 
-def test_reinforce_pp_openrlhf_whitening_uses_biased_var_and_std_plus_eps():
-    # biased var = 0.25, std 0.5: (G - mean) / (std + 1e-8)
-    a = 0.5 / (0.5 + 1e-8)
+def test_reinforce_pp_openrlhf_whitening_uses_biased_var_clamped_at_1e_8():
+    # biased var = 0.25: (G - mean) * rsqrt(max(var, 1e-8))
+    a = 0.5 / math.sqrt(max(0.25, 1e-8))
     assert dense(TWO_ROLLOUTS, "reinforce_pp", profile="openrlhf") == approx([[a, a], [-a, -a]])
 
 
@@ -272,11 +272,10 @@ def test_reinforce_pp_is_not_whitened_under_trl_and_whitened_under_rewardd():
 def test_reinforce_pp_whiten_param_overrides_the_profile_and_keeps_its_whitening_pins():
     assert dense(TWO_ROLLOUTS, "reinforce_pp", profile="rewardd",
                  params={"whiten": False}) == [[1.0, 1.0], [0.0, 0.0]]
-    # trl does not whiten reinforce_pp; asked to, it whitens the 4 tokens with its own pins
-    pins = pins_for("trl")
-    var = 4 * 0.25 / (4 - pins.whiten_ddof)
-    a = (0.5 / math.sqrt(var + pins.whiten_eps) if pins.whiten_eps_in_sqrt
-         else 0.5 / (math.sqrt(var) + pins.whiten_eps))
+    # trl does not whiten reinforce_pp; asked to, it whitens the 4 tokens as verl does
+    how = pins_for("trl").whitening_for("reinforce_pp")
+    var = 4 * 0.25 / (4 - how.ddof)
+    a = 0.5 / math.sqrt(var + how.eps)
     assert dense(TWO_ROLLOUTS, "reinforce_pp", profile="trl",
                  params={"whiten": True}) == approx([[a, a], [-a, -a]])
 
@@ -311,8 +310,8 @@ def test_reinforce_pp_baseline_verl_whitens_tokens_with_unbiased_var_and_rsqrt()
     assert got == approx([[s / 3, s / 3], [-2 * s / 3]])
 
 
-def test_reinforce_pp_baseline_openrlhf_whitens_with_biased_var_and_std_plus_eps():
-    d = math.sqrt(2 / 3 / 3) + 1e-8  # biased var = (2/3) / 3
+def test_reinforce_pp_baseline_openrlhf_whitens_with_biased_var_clamped_at_1e_8():
+    d = math.sqrt(max(2 / 3 / 3, 1e-8))  # biased var = (2/3) / 3
     got = dense(BASELINE_GROUPS, "reinforce_pp_baseline", profile="openrlhf")
     assert got == approx([[1 / 3 / d, 1 / 3 / d], [-2 / 3 / d]])
 
@@ -417,9 +416,8 @@ GAE_TWO = [group([{"reward": 1.0, "num_tokens": 2, "values": [0.0, 0.0]},
                   {"reward": 0.0, "num_tokens": 2, "values": [0.0, 0.0]}])]
 
 
-@pytest.mark.parametrize("profile", ("rewardd", "trl"))
-def test_gae_is_not_whitened_under_rewardd_and_trl(profile):
-    assert dense(GAE_TWO, "gae", profile=profile) == [[1.0, 1.0], [0.0, 0.0]]
+def test_gae_is_not_whitened_under_rewardd():
+    assert dense(GAE_TWO, "gae", profile="rewardd") == [[1.0, 1.0], [0.0, 0.0]]
 
 
 def test_gae_verl_whitening_uses_unbiased_var_inside_rsqrt():
@@ -429,8 +427,8 @@ def test_gae_verl_whitening_uses_unbiased_var_inside_rsqrt():
     assert dense_returns(GAE_TWO, "gae", profile="verl") == [[1.0, 1.0], [0.0, 0.0]]
 
 
-def test_gae_openrlhf_whitening_uses_biased_var_and_std_plus_eps():
-    a = 0.5 / (0.5 + 1e-8)
+def test_gae_openrlhf_whitening_uses_biased_var_clamped_at_1e_8():
+    a = 0.5 / math.sqrt(max(0.25, 1e-8))
     assert dense(GAE_TWO, "gae", profile="openrlhf") == approx([[a, a], [-a, -a]])
 
 
@@ -668,3 +666,9 @@ def test_reverse_scan_matches_the_sequential_recursion_across_block_boundaries(s
         carry = xk + dk * carry
         want[size - 1 - k] = carry
     assert reverse_scan(x, decay).tolist() == pytest.approx(want, abs=1e-9, rel=1e-12)
+
+
+def test_gae_under_trl_is_whitened_as_its_ppo_trainer_does():
+    # TRL's PPOTrainer whitens GAE advantages: unbiased var, (x - mean) * rsqrt(var + 1e-8)
+    a = 0.5 / math.sqrt(1 / 3 + 1e-8)
+    assert dense(GAE_TWO, "gae", profile="trl") == approx([[a, a], [-a, -a]])

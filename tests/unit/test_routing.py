@@ -169,10 +169,21 @@ def test_segment_excluded_rollout_gets_zero_and_leaves_every_baseline():
     assert resp["groups"][0]["rollouts"][2]["excluded"] is True
 
 
-def test_segment_binding_of_an_unknown_component_is_a_value_error_naming_it():
-    with pytest.raises(ValueError, match=r"unknown reward component\(s\) \['typo'\].*'fmt'"):
+def test_segment_binding_of_an_unknown_component_is_a_422_naming_it():
+    with pytest.raises(RequestInvalid) as info:
         pipeline_advantages(request(segment_group(), estimator="segment", output="dense",
                                     params={"bindings": {"typo": ["think"]}}))
+    [err] = info.value.errors
+    assert err["loc"] == ["body", "advantage", "params", "bindings", "typo"]
+    assert "no reward component 'typo'" in err["msg"] and "fmt" in err["msg"]
+
+
+def test_segment_with_an_aggregate_other_than_sum_is_a_422():
+    with pytest.raises(RequestInvalid) as info:
+        pipeline_advantages(request(segment_group(), estimator="segment", output="dense",
+                                    aggregate="gdpo", params={"bindings": {"fmt": ["answer"]}}))
+    [err] = info.value.errors
+    assert err["loc"] == ["body", "advantage", "aggregate"]
 
 
 @st.composite
@@ -450,12 +461,12 @@ def test_bipace_clusters_never_cross_groups_and_skip_excluded_steps():
     assert ids[0] == ids[2] and ids[1] != ids[0] and len({*ids.tolist()}) == 3
 
 
-def test_bipace_embeddings_of_different_dimensions_are_a_value_error():
+def test_bipace_embeddings_of_different_dimensions_are_a_422():
     groups = one_group(
         {"reward": 1.0, "num_tokens": 1, "steps": steps((0, 1, None), embeddings=[[1.0]])},
         {"reward": 0.0, "num_tokens": 1, "steps": steps((0, 1, None),
                                                         embeddings=[[1.0, 0.0]])})
-    with pytest.raises(ValueError, match="one dimension"):
+    with pytest.raises(RequestInvalid, match="one dimension"):
         pipeline_advantages(request(groups, estimator="bipace", output="dense"))
 
 
@@ -669,7 +680,7 @@ def test_missing_input_is_a_422_naming_the_field_and_the_entry(name, field, loc_
 
 
 @pytest.mark.parametrize("name,inputs", [
-    ("segment", ("segments",)), ("outcome_conditioned", ("label",)), ("turn", ("turns",)),
+    ("segment", ("segments", "components")), ("outcome_conditioned", ("label",)), ("turn", ("turns",)),
     ("gigpo", ("steps",)), ("bipace", ("steps", "embeddings")), ("tempo", ("token_ids",))])
 def test_routing_entries_are_token_level_estimators_declaring_their_inputs(name, inputs):
     entry = get_estimator(name)
