@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import batch_whiten, group_sum
+from service.advantages.groups import batch_whiten, group_sum, whiten_rollouts_over_tokens
 from service.advantages.profiles import Pins
 from service.errors import invalid
 from service.advantages.registry import EstimatorParams, register
@@ -91,17 +91,6 @@ def _per_component(batch: AdvantageBatch, estimate: Estimate, entry: str) -> Ten
     return torch.stack(out, 1)
 
 
-def _token_whiten(batch: AdvantageBatch, values: Tensor, tokens: Tensor, pins: Pins,
-                  entry: str) -> Tensor:
-    """Rollout values broadcast to their tokens, whitened over ``tokens`` (verl's
-    masked_whiten), read back one per rollout. A rollout's counted tokens hold bit-identical
-    values, so amax returns exactly the per-token value; rollouts with none get 0."""
-    owner = batch.token_rollout
-    out = batch_whiten(values[owner], tokens, pins, entry)
-    return torch.zeros_like(values).scatter_reduce(
-        0, owner[tokens], out[tokens], "amax", include_self=False) + 0.0
-
-
 def _finish(entry: str, params: DecoupledParams, pins: Pins, batch: AdvantageBatch,
             combined: Tensor, keep: Tensor) -> tuple[Tensor, WhitenLevel | None]:
     """Zero outside ``keep``, whiten over ``keep`` where asked or pinned; the advantages [R]
@@ -115,9 +104,12 @@ def _finish(entry: str, params: DecoupledParams, pins: Pins, batch: AdvantageBat
     pinned = entry if entry in pins.whitening else "gdpo"
     level = params.whiten_level or pins.whitening_for(pinned).level
     if level == "token":
-        tokens = batch.token_mask & keep[batch.token_rollout]
-        if bool(tokens.any()):
-            return _token_whiten(batch, combined, tokens, pins, pinned), "token"
+        # rollout values broadcast to their mask-1 tokens, whitened over those tokens (verl's
+        # masked_whiten), computed from token counts without broadcasting
+        counts = torch.where(keep, batch.mask_counts, torch.zeros_like(batch.mask_counts))
+        if int(counts.sum()) > 0:
+            return whiten_rollouts_over_tokens(combined, counts,
+                                               pins.whitening_for(pinned)), "token"
     return batch_whiten(combined, keep, pins, pinned), "rollout"
 
 

@@ -88,6 +88,14 @@ class AdvantageBatch:
             return self.mask
         return torch.ones(self.total_tokens, dtype=torch.bool)
 
+    @cached_property
+    def mask_counts(self) -> Tensor:
+        """int64 [R]: mask-1 tokens of each rollout (num_tokens where no mask was sent)."""
+        if self.mask is None:
+            return self.num_tokens
+        return torch.zeros(self.size, dtype=torch.int64).index_add_(
+            0, self.token_rollout, self.mask.to(torch.int64))
+
     @property
     def masked_rewards(self) -> Tensor:
         return torch.where(self.valid, self.rewards, torch.zeros_like(self.rewards))

@@ -63,21 +63,52 @@ def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
 def whiten(values: Tensor, mask: Tensor, how: Whitening, *, shift_mean: bool = True) -> Tensor:
     """Batch whitening over the entries where ``mask`` is True (others come back +0.0), with
     one trainer's formula (see :class:`~service.advantages.profiles.Whitening`). With
-    ``shift_mean`` False the mean is added back."""
-    n = mask.sum().to(values.dtype)
-    kept = torch.where(mask, values, torch.zeros_like(values))
-    mean = kept.sum() / n.clamp(min=1)
-    centred = torch.where(mask, values - mean, torch.zeros_like(values))
-    var = (centred * centred).sum() / (n - how.ddof).clamp(min=1)
+    ``shift_mean`` False the mean is added back.
+
+    Two passes over the values (one fused variance-and-mean, one scale), plus a compaction
+    only when some entries are masked: whitening runs on every token of a batch.
+    """
+    full = bool(mask.all())
+    kept = values if full else values[mask]
+    if kept.numel() == 0:
+        return torch.zeros_like(values)
+    var, mean = torch.var_mean(kept, correction=how.ddof) if kept.numel() > how.ddof else (
+        kept.new_zeros(()), kept.mean())
     if how.mode == "var_plus":
-        out = centred * torch.rsqrt(var + how.eps)
+        scale = torch.rsqrt(var + how.eps)
     elif how.mode == "var_clamp":
-        out = centred * torch.rsqrt(var.clamp(min=how.eps))
+        scale = torch.rsqrt(var.clamp(min=how.eps))
     else:
-        out = centred / (var.sqrt() + how.eps)
+        scale = 1.0 / (var.sqrt() + how.eps)
+    out = (values - mean).mul_(scale)
     if not shift_mean:
-        out = out + mean
-    return torch.where(mask, out, torch.zeros_like(values)) + 0.0
+        out.add_(mean)
+    if not full:
+        out.masked_fill_(~mask, 0.0)
+    return out.add_(0.0)
+
+
+def whiten_rollouts_over_tokens(values: Tensor, counts: Tensor, how: Whitening) -> Tensor:
+    """Whitening of per-rollout values broadcast to their tokens, without broadcasting.
+
+    Rollout i stands for ``counts[i]`` identical tokens, so the token mean and variance are
+    count-weighted rollout sums: O(rollouts) instead of O(tokens), and the result stays one
+    value per rollout. Rollouts with no counted token get +0.0.
+    """
+    weights = counts.to(values.dtype)
+    n = weights.sum()
+    out = torch.zeros_like(values)
+    if n <= 0:
+        return out
+    mean = (weights * values).sum() / n
+    var = (weights * (values - mean) ** 2).sum() / (n - how.ddof).clamp(min=1)
+    if how.mode == "var_plus":
+        scale = torch.rsqrt(var + how.eps)
+    elif how.mode == "var_clamp":
+        scale = torch.rsqrt(var.clamp(min=how.eps))
+    else:
+        scale = 1.0 / (var.sqrt() + how.eps)
+    return torch.where(weights > 0, (values - mean) * scale, out) + 0.0
 
 
 def batch_whiten(values: Tensor, mask: Tensor, pins: Pins, entry: str) -> Tensor:

@@ -5,7 +5,8 @@ the mask are applied afterwards by ``encode.py``. Excluded rollouts (``valid`` F
 and take no part in any baseline. Groups with fewer than two included rollouts follow the
 profile's singleton rule where the estimator has a mean baseline (grpo, dr_grpo, rloo, opo,
 gpg, reinforce_pp_baseline); the others say what a lone rollout gets. reinforce_pp_baseline
-is whitened over tokens, so it returns per-token advantages when whitened.
+is whitened over the batch's tokens, computed from each rollout's token count, so it stays
+one value per rollout.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pydantic import Field
 from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import GroupStats, batch_whiten, group_stats, group_sum
+from service.advantages.groups import (GroupStats, batch_whiten, group_stats, group_sum,
+                                       whiten_rollouts_over_tokens)
 from service.advantages.profiles import Pins
 from service.advantages.registry import EstimatorParams, register
-from service.advantages.returns import kept_tokens, whiten_kept, whitened
+from service.advantages.returns import whitened
 
 
 def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
@@ -296,6 +298,7 @@ def reinforce_pp_baseline(batch: AdvantageBatch, params: BaselineParams, pins: P
         return adv
     if batch.total_tokens == 0:
         return batch_whiten(adv, batch.valid, pins, "reinforce_pp_baseline")
-    kept = kept_tokens(batch)
-    return Advantages(token=whiten_kept(adv[batch.token_rollout], kept, pins,
-                                        "reinforce_pp_baseline"))
+    # whitened over the batch's mask-1 tokens, from token counts: stays one value per rollout
+    counts = torch.where(batch.valid, batch.mask_counts, torch.zeros_like(batch.mask_counts))
+    return whiten_rollouts_over_tokens(adv, counts,
+                                       pins.whitening_for("reinforce_pp_baseline"))

@@ -80,12 +80,24 @@ def reverse_scan(x: Tensor, decay: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class KeptTokens:
-    """The mask-1 tokens of included rollouts, compacted: the layout both scans run on."""
+    """The mask-1 tokens of included rollouts, compacted: the layout both scans run on.
 
-    index: Tensor  # int64 [M]: position of each kept token in the flat token tensor
+    When every token is kept (no mask, no excluded rollout: the common case) the layout is
+    the flat token tensor itself: ``index`` is None and gathers and scatters are free.
+    """
+
+    index: Tensor | None  # int64 [M]: position of each kept token; None: every token
     rollout: Tensor  # int64 [M]: the rollout each kept token belongs to
     last: Tensor  # bool [M]: the rollout's last kept token (where a segment ends)
     mask: Tensor  # bool [N]: kept, over the flat token tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.rollout.numel())
+
+    def gather(self, values: Tensor) -> Tensor:
+        """[M]: a per-token tensor [N] read at the kept tokens."""
+        return values if self.index is None else values[self.index]
 
     def decay(self, factor: float) -> Tensor:
         """float64 [M]: ``factor`` between consecutive kept tokens of a rollout, 0 at its end."""
@@ -99,12 +111,20 @@ class KeptTokens:
 
     def scatter(self, values: Tensor, total: int) -> Tensor:
         """float64 [N]: ``values`` at the kept positions (-0.0 made +0.0), +0.0 elsewhere."""
+        if self.index is None:
+            return values + 0.0
         out = torch.zeros(total, dtype=torch.float64)
         out[self.index] = values + 0.0
         return out
 
 
 def kept_tokens(batch: AdvantageBatch) -> KeptTokens:
+    if batch.mask is None and bool(batch.valid.all()):
+        last = torch.zeros(batch.total_tokens, dtype=torch.bool)
+        present = batch.num_tokens > 0
+        last[(batch.offsets + batch.num_tokens - 1)[present]] = True
+        return KeptTokens(index=None, rollout=batch.token_rollout, last=last,
+                          mask=batch.token_mask)
     mask = batch.token_mask & batch.valid[batch.token_rollout]
     index = mask.nonzero().squeeze(1)
     rollout = batch.token_rollout[index]
@@ -133,12 +153,12 @@ def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Ten
     """float64 [M]: token_rewards - kl_coef * kl on kept tokens, plus the outcome reward at
     each rollout's last kept token."""
     if batch.token_rewards is not None:
-        out = batch.token_rewards[kept.index]
+        out = kept.gather(batch.token_rewards).clone()
     else:
-        out = torch.zeros(kept.index.numel(), dtype=torch.float64)
+        out = torch.zeros(kept.size, dtype=torch.float64)
     kl = per_token_field(batch, "kl") if kl_coef != 0.0 else None
     if kl is not None:
-        out.sub_(kl[kept.index], alpha=kl_coef)
+        out.sub_(kept.gather(kl), alpha=kl_coef)
     ends = kept.last.nonzero().squeeze(1)
     out[ends] += batch.rewards[kept.rollout[ends]]
     return out
@@ -210,7 +230,7 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
     if batch.values is None:
         raise ValueError("gae needs per-token values on every rollout")
     kept = kept_tokens(batch)
-    values = batch.values[kept.index]
+    values = kept.gather(batch.values)
     delta = kept_rewards(batch, kept, params.kl_coef).add_(kept.next_of(values),
                                                            alpha=params.gamma).sub_(values)
     adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
