@@ -25,6 +25,7 @@ test: install
 
 bench: install
 	$(PY) tests/benchmarks/bench_advantages.py
+	$(PY) tests/benchmarks/bench_estimators.py
 
 openapi: install
 	$(VENV)/bin/rewardd openapi

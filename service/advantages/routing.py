@@ -288,6 +288,13 @@ def outcome_conditioned(batch: AdvantageBatch, params: OutcomeConditionedParams,
               "group_fallbacks": int((~own & batch.valid).sum())}
     if params.block is None:
         return Advantages(rollout=adv, report=report)
+    lacking = next((i for i, r in enumerate(batch.rollouts) if r.segments is None), None)
+    if lacking is not None:  # an input that only this parameter makes necessary
+        gi = int(batch.group[lacking])
+        ri = lacking - int((batch.group < gi).sum())
+        raise invalid(("body", "groups", gi, "rollouts", ri, "segments"),
+                      f"estimator 'outcome_conditioned' with block {params.block!r} needs "
+                      "segments on every rollout")
     segs = spans_of(batch, "segments")
     block = segs.where(torch.tensor([s.label == params.block for s in segs.items],
                                     dtype=torch.bool))

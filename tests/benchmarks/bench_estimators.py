@@ -182,14 +182,20 @@ def main() -> None:
                      f"{fill / seconds:.1f}x"]
         print(f"| {name} | {seconds * 1e3:.1f} | {seconds / floor:.2f}x | " + " | ".join(cells)
               + " |")
-    print("\nLinear in total tokens (ms at 1x, 2x, 4x the tokens per rollout):\n")
+    print("\nLinear in total tokens: ms at 1x, 2x, 4x the tokens per rollout (a quarter, a "
+          "half and all of the tokens above; out of cache at every size)\n")
     print("| estimator | 1x | 2x | 4x | 4x / 1x |")
     print("|---|---:|---:|---:|---:|")
-    for name in ("tempo", "gigpo"):
+    scaled = [make_batch(args.rollouts, args.tokens * factor // 4) for factor in (1, 2, 4)]
+    for name in ("memory floor", "tempo", "gigpo"):
         times = []
-        for factor in (1, 2, 4):
-            scaled = make_batch(args.rollouts // 4, args.tokens * factor // 4)
-            times.append(time_estimator(name, scaled, args.repeats))
+        for batch_k in scaled:
+            if name == "memory floor":
+                size = batch_k.total_tokens
+                times.append(median_time(
+                    lambda: torch.full((size,), 0.5, dtype=torch.float64), args.repeats))
+            else:
+                times.append(time_estimator(name, batch_k, args.repeats))
         print(f"| {name} | " + " | ".join(f"{t * 1e3:.1f}" for t in times) +
               f" | {times[2] / times[0]:.2f} |")
 

@@ -696,3 +696,16 @@ def test_rle_output_of_a_routed_estimator_decodes_to_its_dense_output():
     for d, r in zip(dense(dense_resp), [r["advantages"]["rle"] for r in
                                         rle["groups"][0]["rollouts"]]):
         assert [bits(x) for x in decode_rle(r)] == [bits(x) for x in d]
+
+
+def test_outcome_conditioned_with_a_block_needs_segments_on_every_rollout():
+    groups = [{"group_id": "g", "rollouts": [
+        {"rollout_id": "a", "reward": 1.0, "num_tokens": 2, "label": "x",
+         "segments": [{"label": "answer", "start": 0, "end": 2}]},
+        {"rollout_id": "b", "reward": 0.0, "num_tokens": 2, "label": "x"}]}]
+    with pytest.raises(RequestInvalid) as info:
+        pipeline_advantages(request(groups, estimator="outcome_conditioned", output="dense",
+                                    params={"block": "answer"}))
+    [err] = info.value.errors
+    assert err["loc"] == ["body", "groups", 0, "rollouts", 1, "segments"]
+    assert "outcome_conditioned" in err["msg"]
