@@ -131,9 +131,13 @@ class Advantages:
 
         One pass over the tokens when there is no mask (the broadcast), two with one; this
         is the hot path of dense and masked rle output, so no temporary of size N is made.
+        Per-token results come back as they are when there is no mask (entries return +0.0
+        for zeros): treat the result as read-only.
         """
         if self.token is not None:
-            values = self.token + 0.0  # a copy, normalising -0.0
+            if batch.mask is None:
+                return self.token
+            values = self.token.clone()
         elif batch.uniform_length is not None:  # half the cost of a ragged broadcast
             values = (self.rollout + 0.0).repeat_interleave(batch.uniform_length)
         else:

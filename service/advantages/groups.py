@@ -100,7 +100,10 @@ def whiten_rollouts_over_tokens(values: Tensor, counts: Tensor, how: Whitening) 
     out = torch.zeros_like(values)
     if n <= 0:
         return out
-    mean = (weights * values).sum() / n
+    # shifted by one counted value: exact when every counted value is the same (a batch with
+    # no spread whitens to exact zeros, as whitening the broadcast tokens does)
+    pivot = values[weights > 0][0]
+    mean = pivot + (weights * (values - pivot)).sum() / n
     var = (weights * (values - mean) ** 2).sum() / (n - how.ddof).clamp(min=1)
     if how.mode == "var_plus":
         scale = torch.rsqrt(var + how.eps)

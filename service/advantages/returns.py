@@ -110,9 +110,10 @@ class KeptTokens:
         return shifted.masked_fill_(self.last, 0.0)
 
     def scatter(self, values: Tensor, total: int) -> Tensor:
-        """float64 [N]: ``values`` at the kept positions (-0.0 made +0.0), +0.0 elsewhere."""
+        """float64 [N]: ``values`` at the kept positions (-0.0 made +0.0), +0.0 elsewhere.
+        With every token kept that is ``values`` itself, normalised in place."""
         if self.index is None:
-            return values + 0.0
+            return values.add_(0.0)
         out = torch.zeros(total, dtype=torch.float64)
         out[self.index] = values + 0.0
         return out
@@ -164,6 +165,34 @@ def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Ten
     return out
 
 
+def steps_to_end(batch: AdvantageBatch, kept: KeptTokens) -> Tensor:
+    """int64 [M]: kept tokens after each kept token in its rollout."""
+    if kept.index is None:
+        return batch.num_tokens[kept.rollout] - 1 - batch.token_position
+    counts = torch.bincount(kept.rollout, minlength=batch.size)
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(kept.size) - start[kept.rollout]
+    return counts[kept.rollout] - 1 - rank
+
+
+def kept_returns(batch: AdvantageBatch, kept: KeptTokens, gamma: float,
+                 kl_coef: float) -> Tensor:
+    """float64 [M]: G_t = r_t + gamma G_{t+1} over the kept tokens.
+
+    When the outcome reward is the only reward (no token_rewards, no KL term: the common
+    case) G has a closed form, r_i gamma^(kept tokens after t), one pass instead of a scan.
+    """
+    if batch.token_rewards is None and (kl_coef == 0.0 or per_token_field(batch, "kl") is None):
+        if kept.index is None and batch.uniform_length is not None:
+            returns = batch.rewards.repeat_interleave(batch.uniform_length)
+        else:
+            returns = batch.rewards[kept.rollout]
+        if gamma != 1.0:
+            returns.mul_(torch.pow(gamma, steps_to_end(batch, kept).to(torch.float64)))
+        return returns
+    return reverse_scan(kept_rewards(batch, kept, kl_coef), kept.decay(gamma))
+
+
 def whitened(name: str, override: bool | None, pins: Pins) -> bool:
     """Whether entry ``name`` is batch-whitened: the ``whiten`` param, else the profile."""
     return override if override is not None else name in pins.whitened
@@ -201,8 +230,8 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
     the padding after EOS), OpenRLHF discounts across mask-0 positions; with mask-0 tokens
     only at the end of a response, and with gamma 1, all three agree."""
     kept = kept_tokens(batch)
-    returns = reverse_scan(kept_rewards(batch, kept, params.kl_coef), kept.decay(params.gamma))
-    dense = kept.scatter(returns, batch.total_tokens)
+    returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
+    dense = kept.scatter(returns, batch.total_tokens)  # may be ``returns`` itself: no reuse
     token = whiten_kept(dense, kept, pins, "reinforce_pp") \
         if whitened("reinforce_pp", params.whiten, pins) \
         else dense
@@ -231,9 +260,12 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
         raise ValueError("gae needs per-token values on every rollout")
     kept = kept_tokens(batch)
     values = kept.gather(batch.values)
-    delta = kept_rewards(batch, kept, params.kl_coef).add_(kept.next_of(values),
-                                                           alpha=params.gamma).sub_(values)
-    adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
+    if params.lam == 1.0:  # the TD errors telescope: A_t = G_t - V_t, no second scan
+        adv = kept_returns(batch, kept, params.gamma, params.kl_coef).sub_(values)
+    else:
+        delta = kept_rewards(batch, kept, params.kl_coef).add_(kept.next_of(values),
+                                                               alpha=params.gamma).sub_(values)
+        adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
     dense = kept.scatter(adv, batch.total_tokens)
     token = whiten_kept(dense, kept, pins, "gae") if whitened("gae", params.whiten, pins) \
         else dense
