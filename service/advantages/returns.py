@@ -33,7 +33,7 @@ from pydantic import Field
 from torch import Tensor
 
 from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import batch_whiten
+from service.advantages.groups import batch_whiten, whiten_rollouts_over_tokens
 from service.advantages.profiles import Pins
 from service.advantages.registry import EstimatorParams, register
 
@@ -175,6 +175,12 @@ def steps_to_end(batch: AdvantageBatch, kept: KeptTokens) -> Tensor:
     return counts[kept.rollout] - 1 - rank
 
 
+def outcome_only(batch: AdvantageBatch, kl_coef: float) -> bool:
+    """The outcome reward is the only reward: no token_rewards and no KL term."""
+    return batch.token_rewards is None and (
+        kl_coef == 0.0 or per_token_field(batch, "kl") is None)
+
+
 def kept_returns(batch: AdvantageBatch, kept: KeptTokens, gamma: float,
                  kl_coef: float) -> Tensor:
     """float64 [M]: G_t = r_t + gamma G_{t+1} over the kept tokens.
@@ -182,7 +188,7 @@ def kept_returns(batch: AdvantageBatch, kept: KeptTokens, gamma: float,
     When the outcome reward is the only reward (no token_rewards, no KL term: the common
     case) G has a closed form, r_i gamma^(kept tokens after t), one pass instead of a scan.
     """
-    if batch.token_rewards is None and (kl_coef == 0.0 or per_token_field(batch, "kl") is None):
+    if outcome_only(batch, kl_coef):
         if kept.index is None and batch.uniform_length is not None:
             returns = batch.rewards.repeat_interleave(batch.uniform_length)
         else:
@@ -232,6 +238,14 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
     kept = kept_tokens(batch)
     returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
     dense = kept.scatter(returns, batch.total_tokens)  # may be ``returns`` itself: no reuse
+    if params.gamma == 1.0 and outcome_only(batch, params.kl_coef):
+        # G is the outcome reward on every kept token: one value per rollout, whitened over
+        # the tokens from token counts, never broadcast
+        counts = torch.where(batch.valid, batch.mask_counts, torch.zeros_like(batch.mask_counts))
+        g = torch.where(counts > 0, batch.rewards, torch.zeros_like(batch.rewards)) + 0.0
+        if whitened("reinforce_pp", params.whiten, pins):
+            g = whiten_rollouts_over_tokens(g, counts, pins.whitening_for("reinforce_pp"))
+        return Advantages(rollout=g, returns=dense)
     token = whiten_kept(dense, kept, pins, "reinforce_pp") \
         if whitened("reinforce_pp", params.whiten, pins) \
         else dense

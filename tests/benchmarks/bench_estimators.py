@@ -107,8 +107,26 @@ def _passk_group(r: list[float], k: int = 1) -> list[float]:
     return [pos if x >= 0.5 else neg for x in r]
 
 
+def _opo_group(r: list[float]) -> list[float]:
+    lengths = [1.0] * len(r)  # every synthetic rollout has the same length
+    baseline = sum(n * x for n, x in zip(lengths, r)) / sum(lengths)
+    return [x - baseline for x in r]
+
+
+def _remax_group(r: list[float]) -> list[float]:
+    return [0.0] + [x - r[0] for x in r[1:]]  # rollout 0 is the group's greedy rollout
+
+
+def _grpo_passk_group(r: list[float], eps: float = 1e-6) -> list[float]:
+    ordered = sorted(r, reverse=True)
+    best = r.index(ordered[0])
+    margin = (ordered[0] - ordered[1]) / (statistics.stdev(r) + eps)
+    return [margin if i == best else 0.0 for i in range(len(r))]
+
+
 REFERENCES: dict[str, Callable[[list[float]], list[float]]] = {
     "grpo": _grpo_group, "dr_grpo": _dr_grpo_group, "rloo": _rloo_group, "passk": _passk_group,
+    "opo": _opo_group, "remax": _remax_group, "grpo_passk": _grpo_passk_group,
 }
 
 
@@ -158,6 +176,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)  # per-core figures: the machine has 2 noisy cores
+    small = make_batch(256, 8)
+    for name, ref in REFERENCES.items():  # the references compute what rewardd computes
+        ours = compute(small, name, PARAMS.get(name, {}), "rewardd").per_token(small)
+        assert torch.allclose(ours, loop_reference(small, ref, 8), atol=1e-9), name
     batch = make_batch(args.rollouts, args.tokens)
     n = args.rollouts * args.tokens
     floor = median_time(lambda: torch.full((n,), 0.5, dtype=torch.float64), args.repeats)
