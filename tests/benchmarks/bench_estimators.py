@@ -156,6 +156,72 @@ def slice_fill_reference(batch: AdvantageBatch,
     return out
 
 
+def _whiten_list(xs: list[float], eps: float = 1e-8) -> list[float]:
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    scale = 1 / math.sqrt(var + eps)
+    return [(x - mean) * scale for x in xs]
+
+
+def gpg_reference(batch: AdvantageBatch, tokens: int) -> torch.Tensor:
+    """alpha = B / #rollouts in groups with spread, times r - mean, per group in Python."""
+    rewards = batch.rewards.tolist()
+    groups = [rewards[g * GROUP:(g + 1) * GROUP] for g in range(batch.num_groups)]
+    valid = sum(len(r) for r in groups if max(r) != min(r))
+    alpha = len(rewards) / max(valid, 1)
+    dense: list[float] = []
+    for r in groups:
+        for a in (_dr_grpo_group(r) if max(r) != min(r) else [0.0] * len(r)):
+            dense.extend([alpha * a] * tokens)
+    return torch.tensor(dense, dtype=torch.float64)
+
+
+def reinforce_pp_baseline_reference(batch: AdvantageBatch, tokens: int) -> torch.Tensor:
+    """r - group mean per token, whitened over all tokens, in Python."""
+    rewards = batch.rewards.tolist()
+    dense: list[float] = []
+    for g in range(batch.num_groups):
+        for a in _dr_grpo_group(rewards[g * GROUP:(g + 1) * GROUP]):
+            dense.extend([a] * tokens)
+    return torch.tensor(_whiten_list(dense), dtype=torch.float64)
+
+
+def reinforce_pp_reference(batch: AdvantageBatch, tokens: int) -> torch.Tensor:
+    """Returns token by token from the end (gamma 1, outcome at the last token), whitened."""
+    dense: list[float] = []
+    for r in batch.rewards.tolist():
+        returns, g = [0.0] * tokens, 0.0
+        for t in range(tokens - 1, -1, -1):
+            g = (r if t == tokens - 1 else 0.0) + g
+            returns[t] = g
+        dense.extend(returns)
+    return torch.tensor(_whiten_list(dense), dtype=torch.float64)
+
+
+def gae_reference(batch: AdvantageBatch, tokens: int) -> torch.Tensor:
+    """GAE token by token from the end (gamma = lambda = 1), not whitened (rewardd)."""
+    values = batch.values.tolist()
+    dense: list[float] = []
+    for i, r in enumerate(batch.rewards.tolist()):
+        v = values[i * tokens:(i + 1) * tokens]
+        adv, a = [0.0] * tokens, 0.0
+        for t in range(tokens - 1, -1, -1):
+            reward = r if t == tokens - 1 else 0.0
+            after = v[t + 1] if t + 1 < tokens else 0.0
+            a = reward + after - v[t] + a
+            adv[t] = a
+        dense.extend(adv)
+    return torch.tensor(dense, dtype=torch.float64)
+
+
+BATCH_REFERENCES: dict[str, Callable[[AdvantageBatch, int], torch.Tensor]] = {
+    "gpg": gpg_reference, "reinforce_pp_baseline": reinforce_pp_baseline_reference,
+    "reinforce_pp": reinforce_pp_reference, "gae": gae_reference,
+}
+"""References that need the whole batch (a batch-level factor or whitening, or a per-token
+recursion): loops in Python, token by token where the estimator is defined per token."""
+
+
 PARAMS: dict[str, dict[str, Any]] = {}
 """Parameters an estimator needs to run on the synthetic batch (filled per estimator)."""
 
@@ -180,6 +246,9 @@ def main() -> None:
     for name, ref in REFERENCES.items():  # the references compute what rewardd computes
         ours = compute(small, name, PARAMS.get(name, {}), "rewardd").per_token(small)
         assert torch.allclose(ours, loop_reference(small, ref, 8), atol=1e-9), name
+    for name, batch_ref in BATCH_REFERENCES.items():
+        ours = compute(small, name, PARAMS.get(name, {}), "rewardd").per_token(small)
+        assert torch.allclose(ours, batch_ref(small, 8), atol=1e-9), name
     batch = make_batch(args.rollouts, args.tokens)
     n = args.rollouts * args.tokens
     floor = median_time(lambda: torch.full((n,), 0.5, dtype=torch.float64), args.repeats)
@@ -197,6 +266,9 @@ def main() -> None:
             continue
         ref = REFERENCES.get(name)
         cells = ["", "", "", ""]
+        if name in BATCH_REFERENCES:
+            naive = median_time(lambda: BATCH_REFERENCES[name](batch, args.tokens), 1)
+            cells = [f"{naive * 1e3:.0f}", f"{naive / seconds:.1f}x", "", ""]
         if ref:
             naive = median_time(lambda: loop_reference(batch, ref, args.tokens), 1)
             fill = median_time(lambda: slice_fill_reference(batch, ref, args.tokens), 1)
