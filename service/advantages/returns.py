@@ -274,13 +274,15 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
         raise ValueError("gae needs per-token values on every rollout")
     kept = kept_tokens(batch)
     values = kept.gather(batch.values)
-    if params.lam == 1.0:  # the TD errors telescope: A_t = G_t - V_t, no second scan
-        adv = kept_returns(batch, kept, params.gamma, params.kl_coef).sub_(values)
+    if params.lam == 1.0:  # the TD errors telescope: A_t = G_t - V_t, and the returns are G
+        returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
+        adv = returns - values
     else:
         delta = kept_rewards(batch, kept, params.kl_coef).add_(kept.next_of(values),
                                                                alpha=params.gamma).sub_(values)
         adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
+        returns = adv + values
     dense = kept.scatter(adv, batch.total_tokens)
     token = whiten_kept(dense, kept, pins, "gae") if whitened("gae", params.whiten, pins) \
         else dense
-    return Advantages(token=token, returns=kept.scatter(adv + values, batch.total_tokens))
+    return Advantages(token=token, returns=kept.scatter(returns, batch.total_tokens))
