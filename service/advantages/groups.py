@@ -60,6 +60,15 @@ def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
     return torch.zeros(batch.num_groups, dtype=values.dtype).index_add_(0, batch.group, kept)
 
 
+def _scale(var: Tensor, how: Whitening) -> Tensor:
+    """1 / the whitening denominator, by the trainer's formula."""
+    if how.mode == "var_plus":
+        return torch.rsqrt(var + how.eps)
+    if how.mode == "var_clamp":
+        return torch.rsqrt(var.clamp(min=how.eps))
+    return 1.0 / (var.sqrt() + how.eps)
+
+
 def whiten(values: Tensor, mask: Tensor, how: Whitening, *, shift_mean: bool = True) -> Tensor:
     """Batch whitening over the entries where ``mask`` is True (others come back +0.0), with
     one trainer's formula (see :class:`~service.advantages.profiles.Whitening`). With
@@ -74,12 +83,7 @@ def whiten(values: Tensor, mask: Tensor, how: Whitening, *, shift_mean: bool = T
         return torch.zeros_like(values)
     var, mean = torch.var_mean(kept, correction=how.ddof) if kept.numel() > how.ddof else (
         kept.new_zeros(()), kept.mean())
-    if how.mode == "var_plus":
-        scale = torch.rsqrt(var + how.eps)
-    elif how.mode == "var_clamp":
-        scale = torch.rsqrt(var.clamp(min=how.eps))
-    else:
-        scale = 1.0 / (var.sqrt() + how.eps)
+    scale = _scale(var, how)
     out = (values - mean).mul_(scale)
     if not shift_mean:
         out.add_(mean)
@@ -105,12 +109,7 @@ def whiten_rollouts_over_tokens(values: Tensor, counts: Tensor, how: Whitening) 
     pivot = values[weights > 0][0]
     mean = pivot + (weights * (values - pivot)).sum() / n
     var = (weights * (values - mean) ** 2).sum() / (n - how.ddof).clamp(min=1)
-    if how.mode == "var_plus":
-        scale = torch.rsqrt(var + how.eps)
-    elif how.mode == "var_clamp":
-        scale = torch.rsqrt(var.clamp(min=how.eps))
-    else:
-        scale = 1.0 / (var.sqrt() + how.eps)
+    scale = _scale(var, how)
     return torch.where(weights > 0, (values - mean) * scale, out) + 0.0
 
 

@@ -16,32 +16,10 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
+from tests.support.executors import RefusingExecutor
+from workers.executor import Executor
 
 MAX_BODY = 64 * 1024
-
-
-class RefusingExecutor(Executor):
-    """Counts calls to ``run`` and refuses them: these tests are about validation only."""
-
-    kind = "refusing"
-
-    def __init__(self) -> None:
-        self.run_calls = 0
-
-    async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
-        self.run_calls += 1
-        raise AssertionError(f"executor.run called with {len(calls)} calls during validation")
-
-    async def ready(self, wait_s: float = 5.0) -> bool:
-        return True
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind}
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

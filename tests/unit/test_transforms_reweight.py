@@ -35,7 +35,7 @@ from service.runstate import MemoryRunStore, RunStore
 from service.settings import Settings
 from service.table import FlatBatch, combine, precomputed_columns
 from service.validation import RequestInvalid
-from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
+from tests.support.executors import RefusingExecutor
 
 TIGHT = 1e-12
 PINS = pins_for("rewardd")
@@ -407,28 +407,9 @@ def test_ha_dw_called_without_a_run_store_says_so() -> None:
         pipeline_advantages(req)
 
 
-class IdleExecutor(Executor):
-    """/v1/advantages never verifies; this executor only has to exist."""
-
-    kind = "idle"
-
-    async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
-        raise AssertionError("no verifier should run for /v1/advantages")
-
-    async def ready(self, wait_s: float = 5.0) -> bool:
-        return True
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind}
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def client() -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(pool_size=1), executor=IdleExecutor())) as c:
+    with TestClient(create_app(Settings(pool_size=1), executor=RefusingExecutor())) as c:
         yield c
 
 
