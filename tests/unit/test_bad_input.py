@@ -7,7 +7,7 @@ test if any verifier would run: validation must reject bad input before executio
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import msgpack
 import orjson
