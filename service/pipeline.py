@@ -6,6 +6,7 @@ scored offline and a batch scored over HTTP give the same bytes.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Sequence
 
 from service import metrics
@@ -77,10 +78,15 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
         validate_score(req, settings)
         flat = FlatBatch.of(req.groups)
     columns = await run_verifiers(flat, req.rewards, executor, settings, progress)
-    with gc_paused():
-        columns += precomputed_columns(flat.rollouts, spec.weights if spec else {})
-        return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns, spec,
-                       runs)
+
+    def finish() -> dict[str, Any]:
+        with gc_paused():
+            columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
+            return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
+                           spec, runs)
+
+    # the advantage step is CPU-bound: off the event loop, so other requests keep flowing
+    return await asyncio.to_thread(finish)
 
 
 def advantages(req: AdvantagesRequest, runs: RunStore | None = None) -> dict[str, Any]:
