@@ -44,5 +44,6 @@ def build_batch(flat: FlatBatch, combined: Combined, columns: Sequence[Column],
         mask=mask,
         token_rewards=_per_token(flat, "token_rewards", num_tokens, 0.0, torch.float64),
         values=_per_token(flat, "values", num_tokens, 0.0, torch.float64),
+        kl=_per_token(flat, "kl", num_tokens, 0.0, torch.float64),
         token_ids=_per_token(flat, "token_ids", num_tokens, -1, torch.int64),
         rollouts=flat.rollouts, groups=flat.groups, run=run)

@@ -44,6 +44,7 @@ class AdvantageBatch:
     mask: Tensor | None = None  # bool [N]; None means every token counts
     token_rewards: Tensor | None = None  # float64 [N]
     values: Tensor | None = None  # float64 [N]
+    kl: Tensor | None = None  # float64 [N] per-token KL terms
     token_ids: Tensor | None = None  # int64 [N]
     rollouts: Sequence[Rollout] = ()
     groups: Sequence[Group] = ()

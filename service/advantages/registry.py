@@ -48,9 +48,7 @@ class Entry:
     stateful: bool = False
 
 
-Estimator = Entry  # the name most call sites read best with
 ENTRIES: dict[str, Entry] = {}
-ESTIMATORS = ENTRIES  # kept for readers of GET /v1/estimators: the whole catalogue
 
 
 def register(name: str, *, formula: str, source: str, kind: Kind = "estimator",

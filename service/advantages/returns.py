@@ -134,22 +134,6 @@ def kept_tokens(batch: AdvantageBatch) -> KeptTokens:
     return KeptTokens(index=index, rollout=rollout, last=last, mask=mask)
 
 
-def per_token_field(batch: AdvantageBatch, name: str) -> Tensor | None:
-    """float64 [N]: a per-token rollout field read from the request rollouts (0 where not
-    sent); None when no rollout sent it.
-
-    A loop over rollouts: ``kl`` is not one of the batch's flat tensors, so it is gathered
-    here from the validated rollouts (validation has checked its length).
-    """
-    if not any(getattr(r, name, None) is not None for r in batch.rollouts):
-        return None
-    values: list[float] = []
-    for rollout, n in zip(batch.rollouts, batch.num_tokens.tolist()):
-        sent = getattr(rollout, name)
-        values.extend(sent if sent is not None else [0.0] * n)
-    return torch.tensor(values, dtype=torch.float64)
-
-
 def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Tensor:
     """float64 [M]: token_rewards - kl_coef * kl on kept tokens, plus the outcome reward at
     each rollout's last kept token."""
@@ -157,9 +141,8 @@ def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Ten
         out = kept.gather(batch.token_rewards).clone()
     else:
         out = torch.zeros(kept.size, dtype=torch.float64)
-    kl = per_token_field(batch, "kl") if kl_coef != 0.0 else None
-    if kl is not None:
-        out.sub_(kept.gather(kl), alpha=kl_coef)
+    if kl_coef != 0.0 and batch.kl is not None:
+        out.sub_(kept.gather(batch.kl), alpha=kl_coef)
     ends = kept.last.nonzero().squeeze(1)
     out[ends] += batch.rewards[kept.rollout[ends]]
     return out
@@ -177,8 +160,7 @@ def steps_to_end(batch: AdvantageBatch, kept: KeptTokens) -> Tensor:
 
 def outcome_only(batch: AdvantageBatch, kl_coef: float) -> bool:
     """The outcome reward is the only reward: no token_rewards and no KL term."""
-    return batch.token_rewards is None and (
-        kl_coef == 0.0 or per_token_field(batch, "kl") is None)
+    return batch.token_rewards is None and (kl_coef == 0.0 or batch.kl is None)
 
 
 def kept_returns(batch: AdvantageBatch, kept: KeptTokens, gamma: float,
