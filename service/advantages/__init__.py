@@ -24,7 +24,7 @@ from service.advantages.compose import Composed, run_stages
 from service.advantages.encode import decode_rle, encode
 from service.advantages.groups import group_stats
 from service.advantages.profiles import PROFILES, Pins, pins_for
-from service.advantages.registry import (ENTRIES, Entry, get_entry,
+from service.advantages.registry import (ENTRIES, ESTIMATORS, Entry, get_entry,
                                          get_estimator, names_of)
 
 
@@ -52,7 +52,7 @@ def compute(batch: AdvantageBatch, estimator: str, params: dict, profile: str) -
     return result if isinstance(result, Advantages) else Advantages(rollout=result)
 
 
-__all__ = ["ENTRIES", "PROFILES", "AdvantageBatch", "Advantages", "Composed",
+__all__ = ["ENTRIES", "ESTIMATORS", "PROFILES", "AdvantageBatch", "Advantages", "Composed",
            "Entry", "GroupFlags", "Pins", "compute", "decode_rle",
            "describe_groups", "encode", "get_entry", "get_estimator", "names_of", "pins_for",
            "run_stages"]

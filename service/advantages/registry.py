@@ -49,6 +49,7 @@ class Entry:
 
 
 ENTRIES: dict[str, Entry] = {}
+ESTIMATORS = ENTRIES  # the library's public name for the catalogue (GET /v1/estimators)
 
 
 def register(name: str, *, formula: str, source: str, kind: Kind = "estimator",
