@@ -24,6 +24,8 @@ test: install
 	$(PY) -m pytest
 
 bench: install
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) tests/benchmarks/bench_math.py
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_estimators.py
 

@@ -1,13 +1,41 @@
 """The ``math`` verifier: is the model's final answer mathematically equal to the reference?
 
-Parsing and equivalence are math-verify's and latex2sympy2_extended's; this package adds a
-documented answer-extraction order (:mod:`verifiers.math.extract`) and runs math-verify with
-its signal-based timeouts disabled (:mod:`verifiers.math.equivalence`), since the executor
-enforces wall-clock limits by killing worker processes.
+Pipeline: :mod:`~verifiers.math.extract` finds the answer in the completion (a documented
+priority order, reported as ``detail.rule``); :mod:`~verifiers.math.normalize` gives each
+notation one spelling; :mod:`~verifiers.math.answer` parses structure by hand and leaves with
+the exact number reader or latex2sympy2_extended; :mod:`~verifiers.math.guards` keeps huge
+numbers away from exact arithmetic; :mod:`~verifiers.math.compare` decides equivalence and
+names the rule (``detail.decided_by``). Why not math-verify: it rounds floats to a fixed number
+of decimal places (so ``2^{-99}`` equals ``2^{-98}``), its signal-based timeouts fail outside
+the main thread and cannot stop big-integer arithmetic, and it reads plain-text equations
+loosely; rewardd's benchmark (``tests/benchmarks/bench_math.py``) compares the two.
+
+Conventions (defaults: ``mode="lenient"``):
+
+* Numbers are exact: integers and fractions never get a tolerance; ``0.5 = 1/2``; thousands
+  separators, scientific notation (``1.5\\times10^{3}``) and mixed numbers (``3\\frac12``)
+  are read. A decimal with at least ``min_rounding_digits`` (4) significant digits equals a
+  value it correctly rounds (``3.142 = \\pi``, but ``3.14 != \\pi``); decimals among
+  themselves agree within ``rel_tol`` (1e-9, relative, never absolute).
+* ``p\\%`` equals p or p/100 (``percent``); ``30^\\circ`` equals 30, and ``\\pi/6`` in lenient
+  mode; units (``\\text{ cm}``) are ignored unless both sides name different units.
+* Expressions are equal when their variables are the same and they agree at fixed sample
+  points to 25 digits; closed forms without variables are compared to 40 digits; ``e`` is
+  Euler's number and ``i`` the imaginary unit.
+* Equations are equal when one side-difference is a nonzero multiple of the other
+  (``y = 2x+1`` is ``2x - y + 1 = 0``); inequalities likewise with a positive multiple and
+  either direction written (``x > 3`` is ``3 < x``). Lenient: ``x = 5`` equals ``5`` and
+  ``x > 3`` equals ``(3, \\infty)``.
+* Sets and bare lists (``1, 2``) are unordered; tuples ordered; ``(1, 2)`` is both a point and
+  an open interval; intervals compare endpoints and closedness; matrices entry by entry.
+* Words (``\\text{Yes}``) compare case-insensitively; a letter reference (``(C)``) makes the
+  question multiple choice and the chosen letter is compared.
+* Strict mode turns off rounding, assignment, set/list, interval/inequality, degree/radian
+  and singleton leniencies, and reads ``p\\%`` as p/100.
 """
 
 from __future__ import annotations
 
-from verifiers.math.verifier import MathParams, MathVerifier
+from verifiers.math.verifier import MathParams, MathVerifier, clear_caches
 
-__all__ = ["MathParams", "MathVerifier"]
+__all__ = ["MathParams", "MathVerifier", "clear_caches"]

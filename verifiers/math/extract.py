@@ -11,9 +11,15 @@ Priority (the first rule that yields a non-empty answer wins):
    (case-insensitive; X runs to the end of the sentence or line);
 3. ``answer_line``: the last line starting with "Answer:" (the rest of the line);
 4. ``dollar``: the last ``$...$`` (or ``$$...$$``) math span;
-5. ``last_number``: the last number in the text (thousands separators removed).
+5. ``bare``: the whole completion, when it is one short line of mathematics with no prose
+   (``3x+4y+14=0``, ``x^2+1``);
+6. ``last_number``: the last number in the text (thousands separators removed).
 
 Nothing found gives rule ``no_answer``: a reward of 0, since that is the model's fault.
+
+With ``boxed="all"`` every top-level box counts (``\\boxed{2}`` and ``\\boxed{3}`` is the list
+``2, 3``), for questions with several answers. Multiple-choice letters are read by
+:func:`extract_choice` when the reference is a single letter.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Callable, Literal
 
 from verifiers.text import find_last_boxed
 
-Rule = Literal["boxed", "final_answer_is", "answer_line", "dollar", "last_number", "whole",
+Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
+               "last_number", "whole",
                "no_answer"]
 
 _FINAL_ANSWER = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b\s*:?[ \t]*(?P<x>[^\n]*)",
@@ -89,6 +96,20 @@ def _dollar(text: str) -> str | None:
     return None
 
 
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
+_MATH_WORDS = frozenset("sin cos tan cot sec csc log exp sqrt arcsin arccos arctan sinh cosh "
+                        "tanh det gcd lcm max min mod inf infty".split())
+
+
+def _bare(text: str) -> str | None:
+    text = text.strip()
+    if not text or "\n" in text or len(text) > 300:
+        return None
+    if any(w.lower() not in _MATH_WORDS for w in _PROSE_WORD.findall(text)):
+        return None
+    return clean_answer(text) or None
+
+
 def _last_number(text: str) -> str | None:
     numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
@@ -104,14 +125,66 @@ _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
     ("final_answer_is", _final_answer_is),
     ("answer_line", _answer_line),
     ("dollar", _dollar),
+    ("bare", _bare),
     ("last_number", _last_number),
 )
 
 
-def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "auto"
-                   ) -> Extraction:
+def find_all_boxed(text: str) -> list[str]:
+    """Contents of every top-level ``\\boxed{}``/``\\fbox{}``, in order (unclosed ones skipped)."""
+    found, position = [], 0
+    for m in _BOX_START.finditer(text):
+        if m.start() < position:
+            continue  # inside a box already taken
+        depth = 1
+        for i in range(m.end(), len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    found.append(text[m.end():i])
+                    position = i + 1
+                    break
+    return found
+
+
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_CHOICE = re.compile(r"^\(?\s*([A-Ea-e])\s*\)?(?:$|[\s.:)])")
+_CHOICE_IN_TEXT = re.compile(r"(?:\(([A-E])\)|\*\*([A-E])\*\*|\b(?:option|choice)\s+\(?([A-E])\b)")
+_TEXT_ANYWHERE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
+
+
+def choice_letter(answer: str) -> str | None:
+    """The letter of a multiple-choice answer (``C``, ``(C)``, ``\\text{(C)}``, ``C) 42``)."""
+    answer = _TEXT_ANYWHERE.sub(r"\1", clean_answer(answer)).strip()
+    m = _CHOICE.match(answer)
+    return m.group(1).upper() if m else None
+
+
+def extract_choice(completion: str, found: Extraction) -> str | None:
+    """The chosen letter: from the extracted answer, else the last ``(C)`` / ``**C**`` /
+    "option C" in the text."""
+    if found.answer is not None and (letter := choice_letter(found.answer)) is not None:
+        return letter
+    if found.rule in ("boxed", "final_answer_is", "answer_line"):
+        return None  # an explicit answer that is not a letter: do not hunt for one
+    matches = list(_CHOICE_IN_TEXT.finditer(completion))
+    if not matches:
+        return None
+    last = matches[-1]
+    return next(g for g in last.groups() if g)
+
+
+def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "auto",
+                   boxed: Literal["last", "all"] = "last") -> Extraction:
     """Apply the rules of ``mode``: ``auto`` all of them in order, ``boxed`` only the first,
     ``none`` none (the whole completion, stripped, is the answer)."""
+    if boxed == "all" and mode != "none":
+        boxes = [clean_answer(b) for b in find_all_boxed(completion)]
+        boxes = [b for b in boxes if b]
+        if len(boxes) > 1:
+            return Extraction(", ".join(boxes), "boxed_all")
     if mode == "none":
         whole = clean_answer(completion)
         return Extraction(whole, "whole") if whole else Extraction(None, "no_answer")

@@ -1,33 +1,85 @@
-"""MathVerifier: extract the final answer, parse both sides, ask math-verify if they agree.
+"""MathVerifier: extract the final answer, parse both sides, decide equivalence, say why.
 
-math-verify / latex2sympy2_extended do the parsing and comparison; see
-:mod:`verifiers.math.extract` for the extraction order we add and
-:mod:`verifiers.math.equivalence` for why math-verify's timeouts are off.
+Speed comes from caching, not from cutting corners: a group's N rollouts share one reference,
+and RL groups repeat answers, so parsed references, parsed predictions and verdicts are kept
+in per-process LRU caches keyed by the exact strings and options. A worker that verifies a
+group therefore parses the reference once and each distinct answer once. The caches hold
+plain immutable values; an interrupted call (a timeout) caches nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, Literal, Mapping
 
 from pydantic import Field
 
 from verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
-from verifiers.math.equivalence import describe, equivalent, parse_answer
-from verifiers.math.extract import clean_answer, extract_answer
+from verifiers.math.answer import Node, Unparseable, describe, parse
+from verifiers.math.compare import Options, PercentMode, equivalent
+from verifiers.math.extract import choice_letter, clean_answer, extract_answer, extract_choice
+
+_CACHE_SIZE = 8192
+_CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$")
 
 
 class MathParams(VerifierParams):
     extract: Literal["auto", "boxed", "none"] = "auto"
-    """``auto``: boxed, then "the answer is", "Answer:" line, last ``$..$``, last number.
-    ``boxed``: only the last ``\\boxed{}``/``\\fbox{}``. ``none``: the whole completion."""
-    strict: bool = True
-    """math-verify ``strict``: variable names matter and sets do not equal tuples.
-    With ``False``, variables are matched by position and sets may equal tuples."""
-    float_rounding: int = Field(default=6, ge=0, le=20)
-    """Decimal places floats are rounded to before comparing (math-verify default 6), so
-    ``0.333333`` equals ``1/3``."""
-    numeric_precision: int = Field(default=15, ge=1, le=100)
-    """Significant digits for numeric evaluation of symbolic differences (math-verify default)."""
+    """``auto``: last ``\\boxed{}``, then "the answer is", an "Answer:" line, the last
+    ``$..$``, the last number. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
+    completion is the answer."""
+    boxed: Literal["last", "all"] = "last"
+    """``last``: the last box is the answer. ``all``: every box, as an unordered list of
+    answers (for questions with several answers)."""
+    mode: Literal["lenient", "strict"] = "lenient"
+    """``lenient`` also accepts: a decimal that correctly rounds the reference (with at least
+    ``min_rounding_digits`` significant digits), ``x = 5`` for ``5``, a bare list for a set,
+    an inequality for its interval, degrees for radians, a one-element set for its element.
+    ``strict`` accepts none of these."""
+    percent: PercentMode | None = None
+    """How ``p\\%`` compares with a plain number: ``either`` (p or p/100), ``fraction``
+    (p/100 only) or ``number`` (p only). Default: ``either`` in lenient mode, ``fraction`` in
+    strict mode."""
+    min_rounding_digits: int = Field(default=4, ge=1, le=50)
+    """Fewest significant digits a decimal needs to count as a rounding of an exact value
+    (``3.142`` for ``\\pi`` yes, ``3.14`` no)."""
+    rel_tol: float = Field(default=1e-9, ge=0.0, le=0.1)
+    """Relative tolerance between values written with decimals (``2.5000000001`` vs ``2.5``).
+    Never applied to integers or exact fractions."""
+    max_digits: int = Field(default=20_000, ge=100, le=200_000)
+    """Size guard: numbers above this many digits are never computed, only compared as
+    written."""
+
+    def options(self) -> Options:
+        percent = self.percent or ("either" if self.mode == "lenient" else "fraction")
+        return Options(lenient=self.mode == "lenient", percent=percent,
+                       min_rounding_digits=self.min_rounding_digits, rel_tol=self.rel_tol,
+                       max_digits=self.max_digits)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _parsed(text: str, max_digits: int) -> Node | str:
+    """A parsed answer, or the reason it does not parse (cached either way)."""
+    try:
+        return parse(text, max_digits)
+    except Unparseable as exc:
+        return str(exc)
+    except RecursionError:
+        return "answer nested too deeply"
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _verdict(reference: str, prediction: str, options: Options) -> tuple[bool, str]:
+    ref, pred = _parsed(reference, options.max_digits), _parsed(prediction, options.max_digits)
+    assert not isinstance(ref, str) and not isinstance(pred, str)
+    return equivalent(ref, pred, options)
+
+
+def clear_caches() -> None:
+    """Forget every parsed answer and verdict (benchmarks measure cold parsing with it)."""
+    _parsed.cache_clear()
+    _verdict.cache_clear()
 
 
 class MathVerifier(Verifier):
@@ -40,50 +92,67 @@ class MathVerifier(Verifier):
 
     name = "math"
     description = ("1.0 if the final answer (last \\boxed{}, 'the answer is', 'Answer:' line, "
-                   "last $...$, or last number) is mathematically equivalent to the reference "
-                   "answer according to math-verify; else 0.0.")
-    reference_fields = {"answer": "str or number: the expected answer, LaTeX (\\frac{1}{2}) "
-                                  "or plain (0.5)"}
+                   "last $...$, or last number; a letter for multiple choice) is "
+                   "mathematically equivalent to the reference answer: exact numbers, "
+                   "rounding and tolerance rules, symbolic identity, equations, inequalities, "
+                   "sets, intervals, tuples, matrices, units, percent and degrees; else 0.0.")
+    reference_fields = {"answer": "str or number: the expected answer, LaTeX (\\frac{1}{2}), "
+                                  "plain (0.5) or a choice letter ((C))"}
     Params = MathParams
 
+    def warm_up(self) -> None:
+        # The first LaTeX parse builds latex2sympy's grammar (about a second): once, pre-fork.
+        self.verify(Sample(completion="\\boxed{\\frac{x}{2}}"), {"answer": "x/2"}, MathParams())
+        clear_caches()
+
     @staticmethod
-    def _reference(reference: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    def _reference_text(reference: Mapping[str, Any]) -> str:
         answer = reference.get("answer")
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            answer = str(answer)  # datasets often store numeric answers as JSON numbers
+            answer = repr(answer) if isinstance(answer, float) else str(answer)
         if not isinstance(answer, str) or not clean_answer(answer):
             raise InvalidReference("math verifier needs a non-empty string 'answer' in the "
                                    "reference")
-        parsed = parse_answer(clean_answer(answer))
-        if not parsed:
-            raise InvalidReference(f"math verifier could not parse the reference answer "
-                                   f"{answer[:200]!r}")
-        return answer, parsed
-
-    def warm_up(self) -> None:
-        # The first parse builds latex2sympy's grammar (about a second); do it once, pre-fork.
-        self.verify(Sample(completion="\\boxed{\\frac{1}{2}}"), {"answer": "0.5"}, MathParams())
+        return clean_answer(answer)
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: MathParams) -> Outcome:
-        _, parsed_reference = self._reference(reference)
-        found = extract_answer(sample.completion, params.extract)
+        ref_text = self._reference_text(reference)
+        letter = _CHOICE_REFERENCE.match(ref_text)
+        if letter is not None:
+            return self._choice(sample, letter.group(1), params)
+        parsed_reference = _parsed(ref_text, params.max_digits)
+        if isinstance(parsed_reference, str):
+            raise InvalidReference(f"math verifier could not parse the reference answer "
+                                   f"{ref_text[:200]!r}: {parsed_reference}")
+        found = extract_answer(sample.completion, params.extract, params.boxed)
         detail: dict[str, Any] = {
             "extracted": None if found.answer is None else found.answer[:200],
             "rule": found.rule,
             "parsed_prediction": None,
             "parsed_reference": describe(parsed_reference),
-            "decided_by": "math_verify",
+            "decided_by": None,
         }
         if found.answer is None:
             return Outcome.success(0.0, **detail)
-        parsed_prediction = parse_answer(found.answer)
-        if not parsed_prediction:
-            detail["rule"] = "unparseable_prediction"
-            detail["extraction_rule"] = found.rule
+        parsed_prediction = _parsed(found.answer, params.max_digits)
+        if isinstance(parsed_prediction, str):
+            detail.update(rule="unparseable_prediction", extraction_rule=found.rule,
+                          reason=parsed_prediction)
             return Outcome.success(0.0, **detail)
         detail["parsed_prediction"] = describe(parsed_prediction)
-        same = equivalent(parsed_reference, parsed_prediction, strict=params.strict,
-                          float_rounding=params.float_rounding,
-                          numeric_precision=params.numeric_precision)
+        same, rule = _verdict(ref_text, found.answer, params.options())
+        detail["decided_by"] = rule
         return Outcome.success(1.0 if same else 0.0, **detail)
+
+    @staticmethod
+    def _choice(sample: Sample, letter: str, params: MathParams) -> Outcome:
+        found = extract_answer(sample.completion, params.extract, params.boxed)
+        chosen = extract_choice(sample.completion, found)
+        return Outcome.success(1.0 if chosen == letter else 0.0,
+                               extracted=None if found.answer is None else found.answer[:200],
+                               rule=found.rule, parsed_prediction=chosen,
+                               parsed_reference=letter, decided_by="choice")
+
+
+__all__ = ["MathParams", "MathVerifier", "choice_letter", "clear_caches"]
