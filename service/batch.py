@@ -2,7 +2,7 @@
 
 All lines are validated before any work starts, so a typo on line 9,000 costs seconds, not
 an hour; every error names its line and field. Results stream to the output file in input
-order; a progress bar counts verifier calls as they finish.
+order; a progress bar counts verifier checks (rollout x component) as they finish.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def run_file(source: Path, output: Path, spec_path: Path | None, batch_size: int
     jobs = load(source, spec_path, batch_size, settings)
     total = sum(len(g.rollouts) * max(1, len(getattr(j.request, "rewards", ())))
                 for j in jobs for g in j.request.groups)
-    with tqdm(total=total, unit="call", disable=not progress, desc="scoring") as bar:
+    with tqdm(total=total, unit="check", disable=not progress, desc="scoring") as bar:
         results = asyncio.run(_run(jobs, settings, bar))
     with output.open("wb") as handle:
         for result in results:

@@ -18,43 +18,62 @@ from service.runstate import RunStore
 from service.settings import Settings
 from service.table import Column, FlatBatch, combine, precomputed_columns, verifier_columns
 from service.validation import resolved_num_tokens, validate_advantages, validate_score
-from verifiers.base import Sample
+from verifiers.base import Outcome, Sample
 from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
 
 
 def call_timeout(requested_s: float | None, settings: Settings) -> float:
-    """The wall-clock limit of one call: the request's, else the server default (validation
-    has already rejected requests above the server's maximum)."""
+    """The wall-clock limit of one check (one sample through one verifier): the request's,
+    else the server default (validation has already rejected requests above the server's
+    maximum)."""
     return min(requested_s or settings.verifier_timeout_s, settings.max_verifier_timeout_s)
 
 
 def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings) -> list[VerifyCall]:
-    """One call per (rollout, component), rollout-major."""
-    calls = []
+    """One call per (group, component), group-major, with the group's samples in rollout
+    order: a worker checks a whole group at once (see :class:`VerifyCall`)."""
+    samples: list[list[Sample]] = [[] for _ in flat.groups]
     for rollout, gi in zip(flat.rollouts, flat.group_of):
-        group = flat.groups[gi]
-        sample = Sample(completion=rollout.completion or "", prompt=group.prompt,
-                        num_tokens=resolved_num_tokens(rollout))
-        for spec in specs:
-            calls.append(VerifyCall(spec.verifier, sample, group.reference, spec.params,
-                                    call_timeout(spec.timeout_s, settings)))
-    return calls
+        samples[gi].append(Sample(completion=rollout.completion or "",
+                                  prompt=flat.groups[gi].prompt,
+                                  num_tokens=resolved_num_tokens(rollout)))
+    return [VerifyCall(spec.verifier, tuple(group_samples), group.reference, spec.params,
+                       call_timeout(spec.timeout_s, settings))
+            for group, group_samples in zip(flat.groups, samples) if group_samples
+            for spec in specs]
+
+
+def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
+                  num_specs: int) -> list[Outcome]:
+    """The outcomes of :func:`plan`'s calls, rollout-major (rollout 0's components first),
+    the order :func:`~service.table.verifier_columns` reads."""
+    outcomes: list[Outcome] = []
+    for start in range(0, len(calls), max(num_specs, 1)):  # no specs: no calls
+        group = results[start:start + num_specs]
+        for i in range(len(calls[start].samples)):
+            outcomes.extend(result.items[i].outcome for result in group)
+    return outcomes
 
 
 async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
                     progress: ProgressCallback | None = None) -> list[CallResult]:
-    """Run calls on the executor and record each outcome and duration in the metrics."""
+    """Run calls on the executor and record each sample's outcome and duration in the
+    metrics."""
     results = await executor.run(calls, progress)
     for call, result in zip(calls, results):
-        outcome = "ok" if result.outcome.ok else result.outcome.error.value
-        metrics.observe_verifier(call.verifier, outcome, result.elapsed_s)
+        for item in result.items:
+            outcome = "ok" if item.outcome.ok else item.outcome.error.value
+            metrics.observe_verifier(call.verifier, outcome, item.elapsed_s)
     return results
 
 
 async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
                         settings: Settings, progress: ProgressCallback | None) -> list[Column]:
-    results = await run_calls(plan(flat, specs, settings), executor, progress)
-    return verifier_columns(specs, [r.outcome for r in results])
+    """Every verifier component as a column; ``progress`` counts checks (rollout x
+    component) as their groups finish."""
+    calls = plan(flat, specs, settings)
+    results = await run_calls(calls, executor, progress)
+    return verifier_columns(specs, rollout_major(calls, results, len(specs)))
 
 
 async def score(req: ScoreRequest, executor: Executor, settings: Settings,

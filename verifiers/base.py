@@ -32,7 +32,8 @@ class FailureKind(str, enum.Enum):
     """Why a cell has no reward. The documented, closed set of ``status.<name>.error`` values."""
 
     timeout = "timeout"
-    """The verifier ran past its wall-clock limit; its worker process was killed and replaced."""
+    """The verifier ran past its wall-clock limit: interrupted inside its worker (a signal),
+    or, when a signal cannot stop it (C code), its worker process killed and replaced."""
     crashed = "crashed"
     """The worker process died while verifying (segfault, out of memory, os._exit)."""
     error = "error"

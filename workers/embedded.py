@@ -7,6 +7,10 @@ library's ProcessPoolExecutor cannot do (a hung task there wedges its worker for
 Workers start from a forkserver that has already imported the verifiers, so a replacement
 after a kill costs a fork, not a fresh interpreter plus a sympy import, and forking never
 copies the API server's threads.
+
+A task is a whole group (:func:`workers.tasks.verify_group_task`), so the IPC round trip and
+the parsing of the group's reference are paid once per group; each sample still has its own
+limit, enforced in the worker by a soft deadline and backed by the task's hard limit.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import pebble
 from pebble.common import ProcessExpired
 
 from verifiers.base import FailureKind, Outcome
-from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
-from workers.tasks import ping_task, verify_task
+from workers.executor import CallResult, Executor, ItemResult, ProgressCallback, VerifyCall
+from workers.tasks import init_worker, ping_task, verify_group_task
 
 
 def _context(plugins: Sequence[str]) -> Any:
@@ -37,40 +41,62 @@ def _context(plugins: Sequence[str]) -> Any:
 
 
 class EmbeddedExecutor(Executor):
-    """A pebble ProcessPool of ``pool_size`` workers; one call per task, each with its limit."""
+    """A pebble ProcessPool of ``pool_size`` workers; one task per call (one group).
+
+    Limits: inside the task each sample's check has a soft deadline of ``call.timeout_s``
+    (:mod:`workers.deadline`); the task as a whole has the hard limit
+    :meth:`~workers.executor.VerifyCall.hard_limit_s`, after which pebble kills its worker.
+
+    Replay rule: when a call of several samples is killed at its hard limit, its worker dies,
+    or its task fails as a whole (a result that will not pickle), nobody knows which sample
+    was to blame, so every sample runs again as its own one-sample call. The innocent samples
+    get their real outcomes; only the culprit's own call is killed or dies again and becomes
+    ``timeout`` or ``crashed`` (or ``unavailable``). Replays are never replayed.
+    """
 
     kind = "embedded"
 
     def __init__(self, pool_size: int, plugins: Sequence[str] = ()) -> None:
         self.pool_size = pool_size
-        self._pool = pebble.ProcessPool(max_workers=pool_size, context=_context(plugins))
+        self._pool = pebble.ProcessPool(max_workers=pool_size, context=_context(plugins),
+                                        initializer=init_worker)
 
     async def run(self, calls: Sequence[VerifyCall],
                   progress: ProgressCallback | None = None) -> list[CallResult]:
-        loop = asyncio.get_running_loop()
-        pending = [self._submit(loop, call) for call in calls]
-        if progress is not None:
-            for fut in pending:
-                fut.add_done_callback(lambda _f: progress(1))
-        return list(await asyncio.gather(*pending))
+        return list(await asyncio.gather(*(self._run(call, progress) for call in calls)))
 
-    def _submit(self, loop: asyncio.AbstractEventLoop, call: VerifyCall) -> asyncio.Future:
-        sample = {"completion": call.sample.completion, "prompt": call.sample.prompt,
-                  "num_tokens": call.sample.num_tokens}
-        result: asyncio.Future = loop.create_future()
+    async def _run(self, call: VerifyCall, progress: ProgressCallback | None) -> CallResult:
+        loop = asyncio.get_running_loop()
+        items = await self._submit(loop, call)
+        replayed = items is None
+        if items is None:
+            singles = await asyncio.gather(*(self._submit(loop, call.one(i))
+                                             for i in range(len(call.samples))))
+            items = [single[0] for single in singles]  # one-sample calls never need replay
+        if progress is not None:
+            progress(len(call.samples))
+        return CallResult(items, replayed)
+
+    def _submit(self, loop: asyncio.AbstractEventLoop,
+                call: VerifyCall) -> asyncio.Future[list[ItemResult] | None]:
+        """Schedule one call; the future gives one ItemResult per sample, or None when a
+        call of several samples was killed or its worker died and must be replayed."""
+        result: asyncio.Future[list[ItemResult] | None] = loop.create_future()
+        if not call.samples:
+            result.set_result([])
+            return result
         try:
-            fut = self._pool.schedule(
-                verify_task, args=(call.verifier, sample, dict(call.reference), dict(call.params)),
-                timeout=call.timeout_s)
+            fut = self._pool.schedule(verify_group_task, args=call.task_args(),
+                                      timeout=call.hard_limit_s())
         except RuntimeError as exc:  # pool closed or broken
-            result.set_result(CallResult(
-                Outcome.failure(FailureKind.unavailable, f"executor not running: {exc}"), 0.0))
+            result.set_result(_all_failed(call, Outcome.failure(
+                FailureKind.unavailable, f"executor not running: {exc}"), 0.0))
             return result
         started = time.perf_counter()
 
         def settle(done: Any) -> None:
-            call_result = _to_call_result(done, call.timeout_s, time.perf_counter() - started)
-            loop.call_soon_threadsafe(_set_if_pending, result, call_result)
+            items = _to_items(done, call, time.perf_counter() - started)
+            loop.call_soon_threadsafe(_set_if_pending, result, items)
 
         fut.add_done_callback(settle)
         return result
@@ -97,26 +123,42 @@ class EmbeddedExecutor(Executor):
         self._pool.join(timeout=10)
 
 
-def _set_if_pending(fut: asyncio.Future, value: CallResult) -> None:
+def _set_if_pending(fut: asyncio.Future, value: Any) -> None:
     if not fut.done():
         fut.set_result(value)
 
 
-def _to_call_result(done: Any, timeout_s: float, waited_s: float) -> CallResult:
-    """Map a finished pebble future to a typed outcome; never raises."""
+def _all_failed(call: VerifyCall, outcome: Outcome, elapsed_s: float) -> list[ItemResult]:
+    return [ItemResult(outcome, elapsed_s) for _ in call.samples]
+
+
+def _to_items(done: Any, call: VerifyCall, waited_s: float) -> list[ItemResult] | None:
+    """Map a finished pebble future to one typed outcome per sample; never raises.
+
+    None when the call must be replayed sample by sample: a call of several samples that
+    was killed, whose worker died, or whose task failed as a whole. A one-sample call is its
+    own culprit. A cancelled call (executor shutting down) is not replayed.
+    """
     try:
-        outcome, elapsed = done.result()
-        return CallResult(Outcome.from_dict(outcome), elapsed)
+        return [ItemResult.from_task(item) for item in done.result()]
     except FutureTimeout:
-        return CallResult(Outcome.failure(
-            FailureKind.timeout, f"verifier ran past its {timeout_s:g}s limit; "
-            "its worker process was killed and replaced", limit_s=timeout_s), timeout_s)
+        if len(call.samples) > 1:
+            return None
+        return [ItemResult(Outcome.failure(
+            FailureKind.timeout, f"verifier ran past its {call.timeout_s:g}s limit and could "
+            "not be interrupted; its worker process was killed and replaced",
+            limit_s=call.timeout_s), call.timeout_s)]
     except ProcessExpired as exc:
-        return CallResult(Outcome.failure(
+        if len(call.samples) > 1:
+            return None
+        return [ItemResult(Outcome.failure(
             FailureKind.crashed, f"worker process died (exit code {exc.exitcode})",
-            exitcode=exc.exitcode), waited_s)
+            exitcode=exc.exitcode), waited_s)]
     except CancelledError:
-        return CallResult(Outcome.failure(FailureKind.unavailable, "call cancelled"), waited_s)
+        return _all_failed(call, Outcome.failure(FailureKind.unavailable, "call cancelled"),
+                           waited_s)
     except Exception as exc:  # pickling errors, broken pool: typed, never lost
-        return CallResult(Outcome.failure(
+        if len(call.samples) > 1:  # e.g. one sample's result would not pickle
+            return None
+        return _all_failed(call, Outcome.failure(
             FailureKind.unavailable, f"{type(exc).__name__}: {exc}"), waited_s)

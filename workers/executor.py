@@ -1,7 +1,8 @@
 """The executor interface the service plans against.
 
-The service turns a request into a list of :class:`VerifyCall` and awaits a list of
-:class:`CallResult` in the same order. Whether the calls run in local process pools or on
+The service turns a request into a list of :class:`VerifyCall` (one per group and reward
+component) and awaits a list of :class:`CallResult` in the same order, each with one
+:class:`ItemResult` per sample. Whether the calls run in local process pools or on
 Celery workers is the executor's business; every failure mode (timeout, crash, broken pool)
 comes back as a typed :class:`~verifiers.base.Outcome`, never as an exception or a 0.
 """
@@ -9,42 +10,104 @@ comes back as a typed :class:`~verifiers.base.Outcome`, never as an exception or
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from verifiers.base import Outcome, Sample
 
 ProgressCallback = Callable[[int], None]
-"""Called with the number of calls that just finished (for progress bars)."""
+"""Called with the number of checks (samples) that just finished, for progress bars."""
+
+HARD_MARGIN_S = 0.1
+"""Slack of a call's hard limit over the soft limits it backs up: time for the worker to
+send the result of a check its soft deadline interrupted (milliseconds) before it is killed.
+At most 0.1 s, so a one-sample call that even signals cannot interrupt is killed at its
+limit plus 100 ms (pebble notices the overrun on a 0.1 s poll, so up to 0.1 s later)."""
+
+HARD_SLACK_PER_EXTRA_SAMPLE_S = 0.02
+"""Extra slack per sample after the first: each interrupted check overruns its soft deadline
+by the alarm's latency (microseconds to milliseconds), which adds up over a long group."""
 
 
 @dataclass(frozen=True, slots=True)
 class VerifyCall:
-    """One verifier call: plain data, so it can cross a process boundary or a queue."""
+    """One verifier over the samples of one group: plain data, so it can cross a process
+    boundary or a queue.
+
+    One call per group, not per rollout, so a worker pays the broker and IPC round trip once
+    per group and parses the group's shared reference once (verifiers cache per process).
+    ``timeout_s`` is the limit of each sample's check, not of the whole call.
+    """
 
     verifier: str
-    sample: Sample
+    samples: tuple[Sample, ...]
     reference: Mapping[str, Any]
     params: Mapping[str, Any]
     timeout_s: float
 
+    def task_args(self) -> tuple[Any, ...]:
+        """Arguments of :func:`workers.tasks.verify_group_task`: names, dicts and floats."""
+        samples = [{"completion": s.completion, "prompt": s.prompt, "num_tokens": s.num_tokens}
+                   for s in self.samples]
+        return (self.verifier, samples, dict(self.reference), dict(self.params), self.timeout_s)
+
+    def hard_limit_s(self) -> float:
+        """Wall-clock limit of the whole call, after which its worker process is killed.
+
+        A backstop for hangs the in-worker soft deadline cannot interrupt: every sample may
+        use its full limit, plus :data:`HARD_MARGIN_S` and a little per extra sample. For one
+        sample it is ``timeout_s + 0.1``.
+        """
+        extra = max(len(self.samples) - 1, 0)
+        return (self.timeout_s * len(self.samples) + HARD_MARGIN_S
+                + HARD_SLACK_PER_EXTRA_SAMPLE_S * extra)
+
+    def one(self, index: int) -> VerifyCall:
+        """The call for sample ``index`` alone (to replay a group that was killed)."""
+        return replace(self, samples=(self.samples[index],))
+
 
 @dataclass(frozen=True, slots=True)
-class CallResult:
+class ItemResult:
+    """The result of one sample's check."""
+
     outcome: Outcome
     elapsed_s: float
     """Time inside the verifier (the limit, for a timeout); excludes queueing."""
 
+    @classmethod
+    def from_task(cls, data: Mapping[str, Any]) -> ItemResult:
+        """From one entry of :func:`workers.tasks.verify_group_task`'s plain-data result."""
+        return cls(Outcome.from_dict(data["outcome"]), float(data["elapsed_s"]))
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """The results of one call: ``items[i]`` belongs to ``call.samples[i]``."""
+
+    items: list[ItemResult]
+    replayed: bool = False
+    """True when the group's worker was killed (hard limit) or died, or its task failed as a
+    whole, and every sample was run again as its own one-sample call so that only the
+    culprit got the failure."""
+
 
 class Executor(abc.ABC):
-    """Runs verifier calls. Implementations: :class:`workers.embedded.EmbeddedExecutor`."""
+    """Runs verifier calls. Implementations: :class:`workers.embedded.EmbeddedExecutor`.
+
+    Every implementation keeps the same limits: each sample's check has ``timeout_s`` (a soft
+    deadline inside the worker), each call :meth:`VerifyCall.hard_limit_s` (the worker is
+    killed), and a call of several samples that is killed, whose worker dies or whose task
+    fails as a whole is replayed one sample per call, so only the culprit sample fails.
+    """
 
     kind: str
 
     @abc.abstractmethod
     async def run(self, calls: Sequence[VerifyCall],
                   progress: ProgressCallback | None = None) -> list[CallResult]:
-        """Run every call; results come back in the order of ``calls``."""
+        """Run every call; results come back in the order of ``calls``, and ``progress``
+        hears of each call's samples once the call is settled."""
 
     @abc.abstractmethod
     async def ready(self, wait_s: float = 5.0) -> bool:

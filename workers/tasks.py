@@ -1,29 +1,72 @@
 """Task functions: the code a worker process runs for one verifier call.
 
-They take and return plain data (names, dicts, floats), never live objects, so the same
-functions serve the embedded process pool and, later, Celery workers. They are importable
-at module level, which the forkserver and Celery both require.
+They take and return plain data (names, lists, dicts, floats), never live objects, so the
+same functions serve the embedded process pool and, later, Celery workers. They are
+importable at module level, which the forkserver and Celery both require.
 """
 
 from __future__ import annotations
 
+import signal
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from verifiers import REGISTRY, Sample, get_verifier, run_verifier
+from verifiers import REGISTRY, Sample, Verifier, get_verifier, run_verifier
+from verifiers.base import FailureKind, Outcome
+from workers.deadline import CheckTimeout, SoftDeadline
 
 
-def verify_task(verifier: str, sample: Mapping[str, Any], reference: Mapping[str, Any],
-                params: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
-    """Run one verifier call; return the outcome as plain data and its duration in seconds."""
+def verify_group_task(verifier: str, samples: Sequence[Mapping[str, Any]],
+                      reference: Mapping[str, Any], params: Mapping[str, Any],
+                      timeout_s: float) -> list[dict[str, Any]]:
+    """Check each sample of one group in turn, each under its own soft ``timeout_s``.
+
+    Returns one ``{"outcome": <Outcome.to_dict()>, "elapsed_s": float}`` per sample, in
+    order. A check that runs past its limit is interrupted in place and becomes a
+    ``timeout`` cell; the loop goes on with the next sample in the same process, so the
+    samples share this process's verifier caches (the group's reference is parsed once).
+    """
+    impl = get_verifier(verifier)
+    return [check(impl, Sample(**sample), reference, params, timeout_s) for sample in samples]
+
+
+def check(impl: Verifier, sample: Sample, reference: Mapping[str, Any],
+          params: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One sample under a soft deadline, as plain data; never raises for the sample's sake."""
+    deadline = SoftDeadline(timeout_s)
     started = time.perf_counter()
-    outcome = run_verifier(get_verifier(verifier), Sample(**sample), reference, params)
-    return outcome.to_dict(), time.perf_counter() - started
+    outcome: Outcome | None = None
+    try:
+        with deadline:
+            outcome = run_verifier(impl, sample, reference, params)
+    except CheckTimeout:
+        pass
+    finally:
+        deadline.disarm()
+    elapsed = time.perf_counter() - started
+    if deadline.expired or outcome is None:  # expired even if the verifier swallowed it
+        return {"outcome": Outcome.failure(
+            FailureKind.timeout, f"verifier ran past its {timeout_s:g}s limit and was "
+            "interrupted", limit_s=timeout_s).to_dict(), "elapsed_s": timeout_s}
+    return {"outcome": outcome.to_dict(), "elapsed_s": elapsed}
 
 
 def ping_task() -> str:
     """A no-op round trip, used by readiness checks to prove a worker answers."""
     return "pong"
+
+
+def init_worker() -> None:
+    """Run once in each embedded worker process before its first task.
+
+    pebble stops a worker that overran its hard limit with SIGTERM and waits 3 s before
+    SIGKILL; its SIGTERM handler is Python code, which cannot run while the worker is stuck
+    in C code (the very hangs the hard limit exists for), so each such kill would take 3 s
+    more than the limit and hold pebble's pool manager meanwhile. With the default
+    disposition the kernel ends the process at once. The worker owns nothing that needs a
+    clean exit: results travel only after a task returns.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def warm_up() -> None:

@@ -29,7 +29,8 @@ async def verify(verifier: str, request: Request) -> Response:
     settings = request.app.state.settings
     raise_if(validate_params(impl.Params, req.params, ("body", "params"))
              + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
-    call = VerifyCall(verifier, Sample(req.completion, req.prompt, req.num_tokens),
+    call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
                       req.reference, req.params, call_timeout(req.timeout_s, settings))
     [result] = await run_calls([call], request.app.state.executor)
-    return render(request, result.outcome.to_dict())
+    [item] = result.items
+    return render(request, item.outcome.to_dict())

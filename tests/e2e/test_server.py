@@ -270,6 +270,45 @@ def test_pool_recovers_after_crash_and_timeout(server: str,
     assert ready.json()["status"] == "ready"
 
 
+def test_mixed_group_fails_only_its_culprits(server: str) -> None:
+    """One group, one call per component: each misbehaving rollout fails alone (soft timeout,
+    hard kill and replay, crash and replay); its group mates keep their real rewards."""
+    request = {"groups": [{"group_id": "m", "rollouts": [
+        {"rollout_id": f"m{c}", "completion": c, "num_tokens": 2} for c in "1234"]}],
+        "rewards": [
+            {"name": "slow", "verifier": "test_sleep", "timeout_s": 1,
+             "params": {"seconds": 30, "when": ["1"]}},
+            {"name": "block", "verifier": "test_block", "timeout_s": 1,
+             "params": {"seconds": 30, "when": ["2"]}},
+            {"name": "crash", "verifier": "test_crash", "params": {"when": ["3"]}}],
+        "advantage": {"output": "none"}}
+    started = time.perf_counter()
+    with RewarddClient(server) as client:
+        result = client.score(request)
+    assert time.perf_counter() - started < 15  # block: 4 x 1 s group limit, then replays
+    culprits = {"slow": "m1", "block": "m2", "crash": "m3"}
+    for rollout in result["groups"][0]["rollouts"]:
+        for name, culprit in culprits.items():
+            cell = rollout["status"][name]
+            if rollout["rollout_id"] == culprit:
+                assert cell["ok"] is False, (name, cell)
+                assert cell["error"] == ("crashed" if name == "crash" else "timeout")
+            else:
+                assert cell["ok"] is True, (name, rollout["rollout_id"], cell)
+                assert rollout["rewards"][name] == float(rollout["rollout_id"][1:])
+    assert result["summary"]["failed_cells"] == 3
+
+
+def test_verify_times_out_within_its_limit_plus_a_little(server: str) -> None:
+    with RewarddClient(server) as client:
+        for verifier in ("test_sleep", "test_block"):
+            started = time.perf_counter()
+            result = client.verify(verifier, "0", params={"seconds": 30}, timeout_s=1)
+            took = time.perf_counter() - started
+            assert result["error"] == "timeout" and result["detail"]["limit_s"] == 1.0
+            assert took < 2.5, (verifier, took)
+
+
 # ---- single verify and catalogues -----------------------------------------------------------
 
 @pytest.mark.parametrize("wire", ["json", "msgpack"])
@@ -300,8 +339,9 @@ def test_verifiers_catalogue(server: str) -> None:
             assert {"name", "type", "default", "required"} <= set(param), param
     math_params = {p["name"]: p for p in catalogue["math"]["params"]}
     assert math_params["extract"]["default"] == "auto"
-    assert math_params["strict"] == {**math_params["strict"], "type": "bool", "default": True}
-    assert math_params["float_rounding"]["default"] == 6
+    assert math_params["mode"]["default"] == "lenient"
+    assert math_params["min_rounding_digits"] == {**math_params["min_rounding_digits"],
+                                                  "type": "int", "default": 4}
     regex_params = {p["name"]: p for p in catalogue["regex"]["params"]}
     assert regex_params["pattern"]["required"] is True and regex_params["pattern"]["type"] == "str"
     assert "answer" in catalogue["math"]["reference_fields"]
@@ -461,10 +501,10 @@ def test_dense_advantages_json_equals_msgpack(server: str) -> None:
 
 
 def test_readyz_answers_promptly_while_every_worker_is_busy(server: str) -> None:
-    def occupy() -> None:  # both workers sleep 8 s (limit 15 s)
+    def occupy() -> None:  # both workers sleep 8 s (limit 15 s): one group, one call each
         with RewarddClient(server) as client:
-            client.score({"groups": [{"group_id": "busy", "rollouts": [
-                {"rollout_id": f"busy{i}", "completion": ""} for i in range(2)]}],
+            client.score({"groups": [{"group_id": f"busy{i}", "rollouts": [
+                {"rollout_id": f"busy{i}", "completion": ""}]} for i in range(2)],
                 "rewards": [{"name": "s", "verifier": "test_sleep", "params": {"seconds": 8},
                              "timeout_s": 15}], "advantage": {"output": "none"}})
 
