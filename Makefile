@@ -25,7 +25,7 @@ test: install
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) tests/benchmarks/bench_math.py
+	$(PY) tests/benchmarks/bench_math.py --repeat 1
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_estimators.py
 
