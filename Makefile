@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run test bench openapi clean
+.PHONY: install run test sandbox-deps bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -20,8 +20,20 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(VENV)/bin/rewardd serve --host $(HOST) --port $(PORT)
 
-test: install
+test: install sandbox-deps
 	$(PY) -m pytest
+
+# The code verifier's sandbox needs bubblewrap. As root (CI, containers) install it from the
+# system packages; otherwise say what to install (the sandbox tests then fail, never skip).
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null)); \
+	  else \
+	    echo "rewardd: the code sandbox needs bubblewrap: install it (apt-get install bubblewrap," \
+	         "dnf install bubblewrap, apk add bubblewrap) and rerun make test" >&2; exit 1; \
+	  fi; }
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
