@@ -38,6 +38,7 @@ sandbox-deps:
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
+	$(PY) tests/benchmarks/bench_code.py
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_estimators.py
 

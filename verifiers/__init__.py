@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams, run_verifier)
+from verifiers.code import CodeVerifier
 from verifiers.math import MathVerifier
 from verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
 
 REGISTRY: dict[str, Verifier] = {
-    v.name: v for v in (MathVerifier(), ExactMatchVerifier(), RegexVerifier(), LengthVerifier())
+    v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
+                        LengthVerifier())
 }
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import __version__, metrics
+from verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
 
@@ -21,8 +25,15 @@ async def readyz(request: Request) -> JSONResponse:
     """Ready when a verifier worker answers a round trip."""
     executor = request.app.state.executor
     ready = await executor.ready()
-    body = {"status": "ready" if ready else "not_ready", "executor": executor.describe()}
+    body = {"status": "ready" if ready else "not_ready", "executor": executor.describe(),
+            "sandbox": await asyncio.to_thread(sandbox_isolation)}
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def sandbox_isolation() -> dict[str, object]:
+    """What the code sandbox enforces on this machine: detected once per process (a short
+    bubblewrap start, hence off the event loop), then cached."""
+    return dataclasses.asdict(isolation())
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

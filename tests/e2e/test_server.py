@@ -531,3 +531,25 @@ def test_single_verify_calls_are_counted_in_verifier_metrics(server: str) -> Non
                      outcome="ok")) == 1
     assert (metric(after, "rewardd_verifier_duration_seconds_count", verifier="math")
             - metric(before, "rewardd_verifier_duration_seconds_count", verifier="math")) == 1
+
+
+def test_score_code_through_the_server_reports_isolation(server: str) -> None:
+    """A code group through the real server: the sandbox runs in the pool's workers, each
+    rollout's pass fraction comes back, and /readyz says what the sandbox enforces."""
+    reference = {"tests": {"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"]}}
+    programs = {
+        "right": "```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+        "half": "```python\na, b = map(int, input().split())\nprint(3)\n```",
+        "exits": "```python\nimport os\nos._exit(0)\n```",
+    }
+    request = {"groups": [{"group_id": "c", "reference": reference, "rollouts": [
+        {"rollout_id": name, "completion": code, "num_tokens": 4}
+        for name, code in programs.items()]}],
+        "rewards": [{"name": "tests", "verifier": "code"}], "advantage": {"output": "none"}}
+    with RewarddClient(server) as client:
+        result = client.score(request)
+    by_id = {r["rollout_id"]: r for r in result["groups"][0]["rollouts"]}
+    assert {k: v["reward"] for k, v in by_id.items()} == {"right": 1.0, "half": 0.5,
+                                                         "exits": 0.0}
+    sandbox = httpx.get(f"{server}/readyz", timeout=30).json()["sandbox"]
+    assert sandbox["level"] == "full" and sandbox["network"] is True

@@ -1,0 +1,313 @@
+"""CodeVerifier: run the completion's program on the reference's tests, judge each outside.
+
+The division of labour that keeps the grade honest: the sandbox runs the untrusted program
+and returns bytes and JSON text; this module holds the expected answers (they never enter the
+sandbox, so no stack walking, ``gc`` scan or file read can find them) and compares plain
+decoded data (so no object the program builds, such as one whose ``__eq__`` is always true,
+takes part in a comparison). A program that exits early (``os._exit(0)``, ``sys.exit(0)``)
+produces no output or no value, which is judged like any other wrong answer.
+
+Speed: a group's N rollouts share one reference, so the parsed spec is cached per process,
+keyed by the reference's canonical JSON (and the language override).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, model_validator
+
+from verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
+                            VerifierParams)
+from verifiers.code.compare import (CompareMode, Expectation, decode, stdout_equal,
+                                    value_meets)
+from verifiers.code.extract import extract_code
+from verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
+from verifiers.code.spec import Spec, parse_reference
+from verifiers.code.types import Language, Limits, Program, TestResult
+
+_SPEC_CACHE_SIZE = 256
+_PREVIEW = 200
+_DETAILED_FAILURES = 10
+"""Failed tests that keep their previews and messages in ``detail``; later failures keep only
+their verdict, so a program failing hundreds of tests cannot bloat every response cell."""
+
+Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_exceeded",
+                  "output_limit", "compile_error", "not_run"]
+
+
+class CodeParams(VerifierParams):
+    reward: Literal["fraction", "all_or_nothing"] = "fraction"
+    """``fraction``: passed tests / all tests. ``all_or_nothing``: 1.0 when every test
+    passes, else 0.0; the run stops at the first failure and later tests are ``not_run``."""
+    compare: CompareMode = "lines"
+    """How stdout is compared: ``lines`` (trailing whitespace of each line and trailing blank
+    lines ignored), ``exact`` (character for character), ``tokens`` (whitespace-separated
+    tokens in order). Never case-insensitive, never as a set of tokens."""
+    float_tolerance: float | None = Field(default=None, gt=0.0, le=1.0)
+    """When set, number tokens written with a decimal point or exponent (and float values of
+    call/expr tests) are equal within ``tol * max(1, |expected|)``. Not with ``exact``."""
+    language: Language | None = None
+    """The program's language; None: the reference's ``language`` (default ``python``)."""
+    cpu_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    """CPU seconds per test."""
+    wall_s: float = Field(default=4.0, gt=0.0, le=120.0)
+    """Wall-clock seconds per test."""
+    memory_mb: int = Field(default=512, ge=32, le=16384)
+    """Address space per test process, in MiB."""
+    output_kb: int = Field(default=1024, ge=1, le=65536)
+    """stdout kept per test, in KiB; beyond it the output is truncated and judged as is."""
+    processes: int = Field(default=32, ge=1, le=1024)
+    """Processes and threads per run."""
+    max_tests: int | None = Field(default=None, ge=1, le=100_000)
+    """Run only the first ``max_tests`` tests of the reference (None: all)."""
+    time_budget_s: float | None = Field(default=5.0, gt=0.0, le=3600.0)
+    """Start no new test once the run has taken this many seconds (wall clock, compilation
+    included); the tests left are ``not_run`` and count as failed. It keeps a slow program's
+    call inside the executor's limit (10 s by default), so it gets a low reward instead of a
+    ``timeout`` failure: keep ``time_budget_s + wall_s`` below the call's ``timeout_s``.
+    None: no budget."""
+
+    @model_validator(mode="after")
+    def _tolerance_needs_tokens(self) -> CodeParams:
+        if self.float_tolerance is not None and self.compare == "exact":
+            raise ValueError("float_tolerance cannot be combined with compare='exact'")
+        return self
+
+    def limits(self) -> Limits:
+        return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb,
+                      processes=self.processes, output_bytes=self.output_kb * 1024)
+
+
+# ---------------------------------------------------------------------------- spec cache
+
+
+@functools.lru_cache(maxsize=_SPEC_CACHE_SIZE)
+def _cached_spec(canonical: str, language: Language | None) -> Spec | str:
+    """The parsed spec, or the InvalidReference message (cached either way)."""
+    try:
+        return parse_reference(json.loads(canonical), language)
+    except InvalidReference as exc:
+        return str(exc)
+
+
+def load_spec(reference: Mapping[str, Any], language: Language | None = None) -> Spec:
+    """The reference's spec, parsed once per process for each distinct reference."""
+    try:
+        canonical = json.dumps(reference, sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON data (bytes from msgpack, say): no caching
+        return parse_reference(reference, language)
+    spec = _cached_spec(canonical, language)
+    if isinstance(spec, str):
+        raise InvalidReference(spec)
+    return spec
+
+
+def clear_caches() -> None:
+    _cached_spec.cache_clear()
+
+
+# ---------------------------------------------------------------------------- judging
+
+
+def _preview(data: str | bytes | None) -> str | None:
+    if data is None:
+        return None
+    text = decode(data) if isinstance(data, bytes) else data
+    return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
+
+
+def _expected_preview(exp: Expectation) -> str | None:
+    if exp.kind == "stdout":
+        return _preview(exp.value)
+    if exp.kind == "completed":
+        return None
+    if exp.kind == "equal":
+        return _preview(json.dumps(exp.value, default=repr))
+    if exp.kind == "close":
+        tolerance = (f"rel_tol={exp.rel_tol}, abs_tol={exp.abs_tol}" if exp.op == "isclose"
+                     else f"abs diff {exp.op} {exp.abs_tol}")
+        return _preview(f"{exp.value!r} ({tolerance})")
+    return _preview(f"{exp.op} {json.dumps(exp.value, default=repr)}")
+
+
+def _failure_message(result: TestResult) -> str:
+    """The sandbox's reason, then the end of stderr (whole lines, ~200 chars): the part of a
+    traceback or compiler error that names the problem."""
+    if result.message:
+        parts = [result.message]
+    elif result.signal:
+        parts = [f"killed by signal {result.signal}"]
+    elif result.exit_code not in (None, 0):
+        parts = [f"exit status {result.exit_code}"]
+    else:
+        parts = []
+    tail = decode(result.stderr_tail).strip()
+    if tail and tail not in parts[0:1]:
+        lines = tail.splitlines()
+        kept: list[str] = []
+        while lines and (not kept or sum(len(k) + 1 for k in kept) + len(lines[-1])
+                         <= _PREVIEW):
+            kept.insert(0, lines.pop())
+        parts.append("\n".join(kept)[-_PREVIEW:])
+    message = "\n".join(parts)
+    return message if len(message) <= 3 * _PREVIEW else message[:3 * _PREVIEW] + "..."
+
+
+def judge(exp: Expectation, result: TestResult, params: CodeParams) -> dict[str, Any]:
+    """One test's verdict, from the sandbox's data and the expectation kept here."""
+    status = result.status
+    if status in ("runtime_error", "timeout", "memory_exceeded", "compile_error"):
+        return {"verdict": status, "message": _failure_message(result)}
+    if exp.kind == "stdout":
+        ok = stdout_equal(result.stdout, exp.value, params.compare, params.float_tolerance)
+        if ok:
+            return {"verdict": "passed"}
+        return {"verdict": "output_limit" if result.truncated or status == "output_limit"
+                else "wrong_answer", "got": _preview(result.stdout),
+                "expected": _expected_preview(exp)}
+    # call/expr/script: stdout is not the answer, so a truncated one does not decide; a
+    # failure of a run that also overflowed its output is reported as output_limit
+    failed = "output_limit" if status == "output_limit" else None
+    if exp.kind == "completed":
+        if result.completed:
+            return {"verdict": "passed"}
+        return {"verdict": failed or "runtime_error", "message": _failure_message(result)
+                or "the test code did not run to its end"}
+    if result.value_json is None:
+        return {"verdict": failed or "runtime_error", "message": _failure_message(result)
+                or "the program produced no value (exited early, or the value is not JSON)"}
+    try:
+        got = json.loads(result.value_json)
+    except (ValueError, RecursionError):
+        return {"verdict": failed or "wrong_answer", "got": _preview(result.value_json),
+                "message": "the value is not JSON"}
+    if value_meets(got, exp, params.float_tolerance):
+        return {"verdict": "passed"}
+    return {"verdict": failed or "wrong_answer", "got": _preview(result.value_json),
+            "expected": _expected_preview(exp)}
+
+
+def _source(code: str, spec: Spec) -> str:
+    if not spec.setup:
+        return code
+    return f"{code.rstrip()}\n\n\n# --- test setup (from the reference) ---\n{spec.setup}\n"
+
+
+class CodeVerifier(Verifier):
+    """Fraction of the reference's tests the completion's program passes (or all or nothing).
+
+    Outcomes: a reference without readable tests is ``invalid_reference``. A completion with
+    no code is a reward of 0.0 with ``detail.rule = "no_code"`` (the model's fault). A machine
+    where the sandbox cannot isolate programs (and unsafe mode is off) is ``unavailable``;
+    a sandbox that breaks (its zygote dies) raises and becomes ``error``: never a reward of 0.
+
+    ``detail``: ``isolation`` (the sandbox's level), ``code_from`` (``fenced_block`` or
+    ``whole``; ``fence_closed: false`` for an unclosed final fence), ``language``, ``style``
+    (``stdio``, ``call`` or ``assert``), ``passed``, ``total`` (``tests_in_reference`` when
+    ``max_tests`` cut it), assert-style ``lifted``/``script``/``script_asserts``, and
+    ``tests``: one verdict per test (``passed``, ``wrong_answer``, ``runtime_error``,
+    ``timeout``, ``memory_exceeded``, ``output_limit``, ``compile_error``, ``not_run``),
+    the first few failures with ``got``/``expected`` previews (200 characters), a
+    ``message`` (the sandbox's reason and the end of stderr) and the ``test`` (the assert).
+    """
+
+    name = "code"
+    description = ("Runs the program in the completion (last ```python/```cpp/```javascript "
+                   "block, or the whole completion) in a sandbox on the reference's tests "
+                   "(stdin/stdout, function calls, or assert-style test code) and returns the "
+                   "fraction passed (or 1.0/0.0 with reward='all_or_nothing'). Outputs are "
+                   "judged outside the sandbox; expected outputs never enter it.")
+    reference_fields = {
+        "tests": "object (or JSON string): {inputs, outputs} for stdin/stdout tests, plus "
+                 "fn_name for call-based tests (inputs: argument lists, or LiveCodeBench "
+                 "JSON-lines strings with JSON-string outputs)",
+        "input_output": "object or JSON string: the same as 'tests' (APPS/TACO naming)",
+        "test_code": "str: assert-style Python test code (MBPP asserts, HumanEval "
+                     "check(candidate))",
+        "entry_point": "str: the function check(candidate) is called with (HumanEval)",
+        "language": "str: python (default), cpp or javascript",
+    }
+    Params = CodeParams
+
+    def warm_up(self) -> None:
+        # Imports only (done above at module import). Starting the sandbox here would make
+        # the pre-fork parent own a zygote that every worker then shares.
+        return None
+
+    def verify(self, sample: Sample, reference: Mapping[str, Any],
+               params: CodeParams) -> Outcome:
+        spec = load_spec(reference, params.language)
+        tests, expected = spec.tests, spec.expected
+        if params.max_tests is not None:
+            tests, expected = tests[:params.max_tests], expected[:params.max_tests]
+        extracted = extract_code(sample.completion, spec.language)
+        detail: dict[str, Any] = {"code_from": extracted.code_from, "language": spec.language,
+                                  "style": spec.style}
+        if not extracted.fence_closed:
+            detail["fence_closed"] = False
+        if len(tests) < len(spec.tests):
+            detail["tests_in_reference"] = len(spec.tests)
+        if spec.style == "assert":
+            detail.update(lifted=spec.lifted, script=spec.script,
+                          script_asserts=spec.script_asserts)
+        if not extracted.code.strip():
+            return Outcome.success(0.0, rule="no_code", passed=0, total=len(tests), **detail)
+
+        verdicts: dict[int, dict[str, Any]] = {}
+        lock = threading.Lock()
+        started = time.monotonic()
+
+        def on_result(i: int, result: TestResult) -> bool:
+            verdict = judge(expected[i], result, params)
+            with lock:
+                verdicts[i] = verdict
+            if verdict["verdict"] == "compile_error":
+                return False  # every test would fail the same way
+            if params.time_budget_s is not None \
+                    and time.monotonic() - started > params.time_budget_s:
+                return False
+            return params.reward == "fraction" or verdict["verdict"] == "passed"
+
+        program = Program(spec.language, _source(extracted.code, spec), tests, params.limits())
+        try:
+            level = isolation().level
+            results = get_sandbox().run(program, on_result)
+        except SandboxUnavailable as exc:
+            return Outcome.failure(FailureKind.unavailable, str(exc) or "no sandbox", **detail)
+        for i, result in enumerate(results[:len(tests)]):  # any result the judge did not see
+            if i not in verdicts:
+                verdicts[i] = judge(expected[i], result, params)
+
+        unrun = {"verdict": "not_run"}
+        if any(v["verdict"] == "compile_error" for v in verdicts.values()):
+            unrun = {"verdict": "compile_error"}  # the same program cannot run any test
+        per_test, detailed = [], 0
+        for i in range(len(tests)):
+            verdict = verdicts.get(i, unrun)
+            if verdict["verdict"] not in ("passed", "not_run"):
+                detailed += 1
+                if detailed > _DETAILED_FAILURES:
+                    verdict = {"verdict": verdict["verdict"]}
+                else:
+                    if i < len(results):
+                        verdict = {**verdict, "wall_s": round(results[i].wall_s, 3)}
+                    if expected[i].source:
+                        verdict = {**verdict, "test": expected[i].source}
+            per_test.append(verdict)
+        passed = sum(v["verdict"] == "passed" for v in per_test)
+        total = len(tests)
+        if params.reward == "all_or_nothing":
+            reward = 1.0 if passed == total else 0.0
+        else:
+            reward = passed / total
+        return Outcome.success(reward, isolation=level, passed=passed, total=total,
+                               tests=per_test, **detail)
+
+
+__all__ = ["CodeParams", "CodeVerifier", "clear_caches", "judge", "load_spec"]
