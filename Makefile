@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run test sandbox-deps bench openapi clean
+.PHONY: install run test sandbox-deps redis bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(VENV)/bin/rewardd serve --host $(HOST) --port $(PORT)
 
-test: install sandbox-deps
+test: install sandbox-deps redis
 	$(PY) -m pytest
 
 # The code verifier's sandbox needs bubblewrap. As root (CI, containers) install it from the
@@ -34,6 +34,24 @@ sandbox-deps:
 	    echo "rewardd: the code sandbox needs bubblewrap: install it (apt-get install bubblewrap," \
 	         "dnf install bubblewrap, apk add bubblewrap) and rerun make test" >&2; exit 1; \
 	  fi; }
+
+# The distributed tests need Redis at 127.0.0.1:6379. Use the one running; else start a
+# redis-server (nothing kept on disk), installing it as root where it is missing.
+redis:
+	@$(PY) -c "import redis; redis.Redis(socket_connect_timeout=1).ping()" 2>/dev/null || { \
+	  command -v redis-server >/dev/null 2>&1 || { \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      (apt-get install -y -qq redis-server >/dev/null 2>&1 || \
+	       (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq redis-server >/dev/null)); \
+	    else \
+	      echo "rewardd: the distributed tests need Redis: install redis-server (apt-get install" \
+	           "redis-server, brew install redis) or start one on 127.0.0.1:6379" >&2; exit 1; \
+	    fi; }; \
+	  redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --save '' --appendonly no \
+	    --logfile /tmp/rewardd-test-redis.log && \
+	  for i in 1 2 3 4 5 6 7 8 9 10; do \
+	    $(PY) -c "import redis; redis.Redis().ping()" 2>/dev/null && exit 0; sleep 0.5; done; \
+	  echo "rewardd: redis-server did not start; see /tmp/rewardd-test-redis.log" >&2; exit 1; }
 
 bench: install
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

@@ -32,8 +32,25 @@ def load_plugins(settings: Settings) -> None:
         importlib.import_module(module)
 
 
+async def start_executor(settings: Settings) -> Executor:
+    """The executor the settings ask for: Celery workers when a broker is set, else an
+    embedded process pool."""
+    if settings.broker_url:
+        from workers.distributed import CeleryExecutor
+
+        # Workers may start before or after the API: /readyz says when one answers.
+        return CeleryExecutor(settings)
+    from workers.embedded import EmbeddedExecutor
+
+    executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
+    # Start the workers now, not on the first request (the forkserver imports sympy).
+    await executor.ready(wait_s=120.0)
+    return executor
+
+
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
-    """The application. Without ``executor`` it starts (and stops) an embedded one."""
+    """The application. Without ``executor`` it starts (and stops) the one the settings
+    ask for (:func:`start_executor`)."""
     settings = settings or get_settings()
     load_plugins(settings)
     torch.set_num_threads(settings.torch_threads)
@@ -42,10 +59,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = executor is None
         if owned:
-            from workers.embedded import EmbeddedExecutor
-            app.state.executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
-            # Start the workers now, not on the first request (the forkserver imports sympy).
-            await app.state.executor.ready(wait_s=120.0)
+            app.state.executor = await start_executor(settings)
         try:
             yield
         finally:

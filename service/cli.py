@@ -50,9 +50,11 @@ def main() -> None:
 
 @main.command()
 @settings_options("host", "port", "workers", "pool_size", "verifier_timeout_s",
-                  "max_verifier_timeout_s", "max_body_bytes", "plugins", "log_level")
+                  "max_verifier_timeout_s", "max_body_bytes", "plugins", "broker_url",
+                  "log_level")
 def serve(**flags: Any) -> None:
-    """Run the HTTP API (embedded executor: no Redis needed)."""
+    """Run the HTTP API: verifiers in an embedded process pool (no Redis needed), or on
+    `rewardd worker` processes when a broker is set (--broker-url / REWARDD_BROKER_URL)."""
     import uvicorn
 
     settings = settings_from(flags)
@@ -60,6 +62,33 @@ def serve(**flags: Any) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rewardd-metrics-")
     uvicorn.run("service.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, log_level=settings.log_level)
+
+
+@main.command()
+@click.option("--queues", "worker_queues", default=None,
+              help=f"{Settings.model_fields['worker_queues'].description} "
+                   "[env: REWARDD_WORKER_QUEUES]")
+@click.option("--concurrency", "worker_concurrency", type=int, default=None,
+              help=f"{Settings.model_fields['worker_concurrency'].description} "
+                   "[env: REWARDD_WORKER_CONCURRENCY]")
+@settings_options("broker_url", "result_backend", "plugins", "result_ttl_s",
+                  "visibility_timeout_s", "task_max_samples", "worker_lost_retries",
+                  "max_verifier_timeout_s", "queue_routes", "log_level")
+def worker(**flags: Any) -> None:
+    """Run a Celery worker (prefork pool) for verifier calls (needs a broker).
+
+    Start as many as you like, on any machine that reaches the broker, each for the queues
+    its host can serve: `rewardd worker --queues cpu,sandbox --concurrency 8`. The API and
+    the workers must share the REWARDD_* broker, backend, TTL and visibility settings.
+    """
+    from workers.celery_app import run_worker
+
+    settings = settings_from(flags)
+    try:
+        run_worker(settings)
+    except ValueError as exc:  # configuration: no broker, bad routes, visibility too short
+        click.echo(f"rewardd worker: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command()
