@@ -53,12 +53,13 @@ redis:
 	    $(PY) -c "import redis; redis.Redis().ping()" 2>/dev/null && exit 0; sleep 0.5; done; \
 	  echo "rewardd: redis-server did not start; see /tmp/rewardd-test-redis.log" >&2; exit 1; }
 
-bench: install
+bench: install redis
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
 	$(PY) tests/benchmarks/bench_code.py
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_estimators.py
+	$(PY) tests/benchmarks/bench_distributed.py
 
 openapi: install
 	$(VENV)/bin/rewardd openapi

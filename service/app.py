@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import torch
 from fastapi import FastAPI, Request
@@ -12,12 +12,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service import __version__
-from service.api import catalogue, health, runs, score, verify
+from service.api import catalogue, health, jobs, runs, score, verify
 from service.codec import BodyError
+from service.jobs import install as install_jobs
 from service.metrics import MetricsMiddleware
 from service.openapi import build_openapi
-from service.runstate import MemoryRunStore
+from service.limits import Limiter, MemoryLimiter, RedisLimiter, TenantBusy
+from service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from service.settings import Settings, get_settings
+from service.tenancy import load_keys
 from service.validation import RequestInvalid
 from workers.executor import Executor
 
@@ -48,6 +51,24 @@ async def start_executor(settings: Settings) -> Executor:
     return executor
 
 
+def shared_state(settings: Settings) -> tuple[Any, RunStore, Limiter]:
+    """(async Redis client or None, run store, tenant limiter): in Redis when
+    ``REWARDD_STATE_URL`` or the broker is set, so every API pod sees the same runs, jobs and
+    slots; else in this process."""
+    url = settings.state_redis_url
+    if not url:
+        return (None, MemoryRunStore(settings.run_state_ttl_s),
+                MemoryLimiter(settings.retry_after_s))
+    import redis
+    import redis.asyncio
+
+    options = {"socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 30,
+               "retry_on_timeout": True}
+    client = redis.asyncio.Redis.from_url(url, **options)
+    runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
+    return client, runs, RedisLimiter(client, settings.retry_after_s)
+
+
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
     """The application. Without ``executor`` it starts (and stops) the one the settings
     ask for (:func:`start_executor`)."""
@@ -60,18 +81,25 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         owned = executor is None
         if owned:
             app.state.executor = await start_executor(settings)
+        await app.state.job_runner.start()  # resumes jobs whose API pod died (Redis store)
         try:
             yield
         finally:
+            await app.state.job_runner.close()
             if owned:
                 app.state.executor.close()
+            if app.state.redis is not None:
+                await app.state.redis.aclose()
 
     app = FastAPI(title="rewardd", version=__version__, description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.settings = settings
     app.state.executor = executor
-    app.state.runs = MemoryRunStore(settings.run_state_ttl_s)
-    for router in (score.router, verify.router, catalogue.router, runs.router, health.router):
+    app.state.keys = load_keys(settings)  # a bad key file stops the start, with the reason
+    app.state.redis, app.state.runs, app.state.limiter = shared_state(settings)
+    install_jobs(app)  # app.state.jobs (memory, or Redis like the runs) and job_runner
+    for router in (score.router, jobs.router, verify.router, catalogue.router, runs.router,
+                   health.router):
         app.include_router(router)
     app.add_middleware(MetricsMiddleware)
     _add_error_handlers(app)
@@ -83,6 +111,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestInvalid)
     async def invalid(_: Request, exc: RequestInvalid) -> JSONResponse:
         return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(TenantBusy)
+    async def busy(_: Request, exc: TenantBusy) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429,
+                            headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(BodyError)
     async def bad_body(_: Request, exc: BodyError) -> JSONResponse:

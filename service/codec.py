@@ -36,17 +36,20 @@ class BodyError(Exception):
         self.message = message
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int,
+                    setting: str = "REWARDD_MAX_BODY_BYTES") -> bytes:
+    """The body, refused with 413 once it passes ``max_bytes`` (``setting`` names the limit
+    in the message)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyError(413, f"request body of {declared} bytes is over the limit of "
-                        f"{max_bytes} bytes (REWARDD_MAX_BODY_BYTES); split the batch")
+                        f"{max_bytes} bytes ({setting}); split the batch")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
             raise BodyError(413, f"request body is over the limit of {max_bytes} bytes "
-                            "(REWARDD_MAX_BODY_BYTES); split the batch")
+                            f"({setting}); split the batch")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -72,7 +75,12 @@ def decode(body: bytes, content_type: str) -> Any:
 
 async def read_model(request: Request, model: type[M]) -> M:
     """Read, decode and validate a request body; errors carry the field path under 'body'."""
-    body = await read_body(request, request.app.state.settings.max_body_bytes)
+    limit = request.app.state.settings.max_body_bytes
+    setting = "REWARDD_MAX_BODY_BYTES"
+    tenant = getattr(request.state, "tenant", None)  # set by service.tenancy.current_tenant
+    if tenant is not None and tenant.max_body_bytes < limit:
+        limit, setting = tenant.max_body_bytes, f"max_body_bytes of tenant {tenant.name!r}"
+    body = await read_body(request, limit, setting)
     with gc_paused():
         data = decode(body, request.headers.get("content-type", JSON))
         try:

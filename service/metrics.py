@@ -1,18 +1,33 @@
-"""Prometheus metrics: HTTP traffic, verifier outcomes, and per-batch reward/advantage summaries.
+"""Prometheus metrics: HTTP traffic, verifier outcomes, per-batch reward/advantage summaries,
+and distributed execution (Celery tasks, queues, workers) and jobs.
 
 Metric names are part of the operational contract (dashboards scrape them); add, never
 rename. With several uvicorn workers, ``rewardd serve`` points prometheus-client's
 multiprocess mode at a shared directory so /metrics aggregates every worker.
+
+Two kinds of metric:
+
+* recorded as things happen (counters, histograms, the batch gauges): module-level objects
+  below, aggregated over processes in multiprocess mode;
+* read at scrape time (:class:`ScrapeCollector`): queue depth from the broker, worker count
+  from the executor's census, jobs by state from the function the jobs store registered
+  (:func:`register_job_counter`). They describe shared state (Redis), so the process that
+  answers the scrape reports them, in multiprocess mode too.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest, multiprocess)
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -45,6 +60,29 @@ BATCH_ZERO_ADVANTAGE = Histogram("rewardd_batch_zero_advantage_fraction",
                                  "Per batch: fraction of rollouts with zero advantage.",
                                  buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
 
+# ---- distributed execution: recorded by workers.distributed.CeleryExecutor in the API ----
+TASK_DURATION = Histogram("rewardd_task_duration_seconds",
+                          "Celery tasks (one group through one verifier): from publishing to "
+                          "the API reading the stored result (queueing, transit, the checks).",
+                          ["queue", "verifier"], buckets=LATENCY_BUCKETS)
+TASK_RETRIES = Counter("rewardd_task_retries_total",
+                       "Celery tasks run again: reason=replay, a group task that failed as a "
+                       "whole and was replayed one sample per task (counted once per task); "
+                       "reason=worker_lost, redeliveries after a worker process or machine died.",
+                       ["queue", "reason"])
+TASKS = Counter("rewardd_tasks_total",
+                "Celery tasks settled, by state: success, failure (the task raised: time "
+                "limit, worker lost past the budget), expired (no result by the deadline, or "
+                "expired in its queue), unavailable (broker or backend unreachable, executor "
+                "closed).", ["queue", "state"])
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+"""States ``rewardd_jobs`` always reports (0 when none); others the counter returns are added."""
+
+JobCounter = Callable[[], Mapping[str, int]]
+_job_counter: JobCounter | None = None
+_job_counter_lock = threading.Lock()
+
 
 def observe_verifier(verifier: str, outcome: str, seconds: float) -> None:
     VERIFIER_DURATION.labels(verifier).observe(seconds)
@@ -64,13 +102,105 @@ def observe_batch(summary: dict[str, Any]) -> None:
         BATCH_ZERO_ADVANTAGE.observe(summary["zero_advantage_fraction"])
 
 
-def render(multiproc_dir: str | None) -> tuple[bytes, str]:
-    """The exposition text; aggregated over worker processes in multiprocess mode."""
+def register_job_counter(fn: JobCounter | None) -> None:
+    """Export ``rewardd_jobs{state}`` from ``fn()`` (job counts by state), called at every
+    scrape; None unregisters. ``fn`` is called in the scrape's worker thread, not on the
+    event loop: it must be synchronous, thread-safe and quick (one Redis round trip at most).
+    If it raises, the scrape goes on without ``rewardd_jobs``."""
+    global _job_counter
+    with _job_counter_lock:
+        _job_counter = fn
+
+
+class ScrapeCollector:
+    """Metrics read when /metrics is scraped.
+
+    * ``rewardd_queue_depth{queue}``: messages waiting in each broker queue, from
+      ``executor.queue_depths()`` (the Celery executor: one pipeline of LLENs);
+    * ``rewardd_workers{queue}``: workers consuming each queue, from
+      ``executor.workers_by_queue()`` (the executor's background census, never a broadcast
+      per scrape);
+    * ``rewardd_jobs{state}``: from the function given to :func:`register_job_counter`.
+
+    An executor without those methods (the embedded pool) exports neither queue nor worker
+    metrics; a source that fails is skipped (logged), never an error of the scrape.
+    """
+
+    def __init__(self, executor: Any = None) -> None:
+        self.executor = executor
+
+    def collect(self) -> Iterator[Metric]:
+        depths = self._read("queue_depths")
+        if depths is not None:
+            family = GaugeMetricFamily("rewardd_queue_depth",
+                                       "Messages waiting in each Celery queue of the broker.",
+                                       labels=["queue"])
+            for queue, depth in sorted(depths.items()):
+                family.add_metric([queue], depth)
+            yield family
+        workers = self._read("workers_by_queue")
+        if workers is not None:
+            family = GaugeMetricFamily("rewardd_workers",
+                                       "Celery workers consuming each queue (the executor's "
+                                       "census, refreshed in the background every few "
+                                       "seconds).", labels=["queue"])
+            for queue, count in sorted(workers.items()):
+                family.add_metric([queue], count)
+            yield family
+        jobs = self._jobs()
+        if jobs is not None:
+            family = GaugeMetricFamily("rewardd_jobs", "Jobs by state.", labels=["state"])
+            for state in [*JOB_STATES, *sorted(set(jobs) - set(JOB_STATES))]:
+                family.add_metric([state], jobs.get(state, 0))
+            yield family
+
+    def _read(self, method: str) -> Mapping[str, int] | None:
+        fn = getattr(self.executor, method, None)
+        if fn is None:
+            return None
+        try:
+            return fn()
+        except Exception:
+            log.warning("metrics: %s failed; not exported in this scrape", method, exc_info=True)
+            return None
+
+    @staticmethod
+    def _jobs() -> Mapping[str, int] | None:
+        fn = _job_counter
+        if fn is None:
+            return None
+        try:
+            counts = fn()
+            return {str(state): int(n) for state, n in dict(counts).items()}
+        except Exception:
+            log.warning("metrics: the job counter failed; rewardd_jobs not exported in this "
+                        "scrape", exc_info=True)
+            return None
+
+
+class _Collectors:
+    """Several collectors as one, for :func:`generate_latest`."""
+
+    def __init__(self, collectors: Iterable[Any]) -> None:
+        self.collectors = list(collectors)
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self.collectors:
+            yield from collector.collect()
+
+
+def render(multiproc_dir: str | None, executor: Any = None) -> tuple[bytes, str]:
+    """The exposition text: the recorded metrics (aggregated over worker processes in
+    multiprocess mode) and the scrape-time ones (:class:`ScrapeCollector`, for
+    ``executor``). Blocking (reads Redis): call it off the event loop."""
     if multiproc_dir:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=multiproc_dir)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(DEFAULT_REGISTRY), CONTENT_TYPE_LATEST
+        recorded: Any = registry
+    else:
+        recorded = DEFAULT_REGISTRY
+    return generate_latest(_Collectors([recorded, ScrapeCollector(executor)])), \
+        CONTENT_TYPE_LATEST
 
 
 class MetricsMiddleware:
@@ -108,4 +238,5 @@ class MetricsMiddleware:
             HTTP_LATENCY.labels(label, scope["method"], str(status)).observe(elapsed)
 
 
-__all__ = ["MetricsMiddleware", "observe_batch", "observe_verifier", "render"]
+__all__ = ["MetricsMiddleware", "ScrapeCollector", "observe_batch", "observe_verifier",
+           "register_job_counter", "render"]

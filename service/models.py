@@ -345,3 +345,51 @@ class ErrorItem(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: list[ErrorItem] | str
+
+
+# ---- jobs ----------------------------------------------------------------------------------
+
+class JobState(str, Enum):
+    """queued -> running -> succeeded | failed | cancelled (the last three are final)."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class JobProgress(BaseModel):
+    done: int = Field(description="Checks (rollout x reward component) finished. Restarts "
+                      "from 0 when the job is resumed on another API pod (attempts > 1).")
+    total: int = Field(description="Checks to run: rollouts x reward components.")
+
+
+class JobLinks(BaseModel):
+    status: str = Field(description="GET for state and result; DELETE to cancel.")
+    events: str = Field(description="Server-sent events: progress, finished groups, the end.")
+
+
+class JobSubmitted(BaseModel):
+    """Answer of POST /v1/jobs: 202 for a new job, 200 when an `Idempotency-Key` of this
+    tenant already named a job with the same body (that job is returned)."""
+
+    id: str = Field(description="Unguessable job id (32 hex digits).")
+    state: JobState
+    links: JobLinks
+
+
+class JobStatus(BaseModel):
+    """GET /v1/jobs/{id} (DELETE answers the same, without `result`)."""
+
+    id: str
+    state: JobState
+    progress: JobProgress
+    created_at: str = Field(description="RFC 3339, UTC.")
+    started_at: str | None = Field(None, description="First start (RFC 3339, UTC).")
+    finished_at: str | None = Field(None, description="When it reached a final state.")
+    error: str | None = Field(None, description="Why it failed (state failed).")
+    attempts: int = Field(0, description="Times it was started; more than 1 when an API pod "
+                          "died and another resumed it.")
+    result: ScoreResponse | None = Field(
+        None, description="Once succeeded: exactly the POST /v1/score response for the body.")

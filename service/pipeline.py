@@ -7,7 +7,7 @@ scored offline and a batch scored over HTTP give the same bytes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from service import metrics
 from service.gcpause import gc_paused
@@ -19,7 +19,13 @@ from service.settings import Settings
 from service.table import Column, FlatBatch, combine, precomputed_columns, verifier_columns
 from service.validation import resolved_num_tokens, validate_advantages, validate_score
 from verifiers.base import Outcome, Sample
-from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
+from workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
+                              VerifyCall)
+
+GroupCallback = Callable[[int, list[CallResult]], None]
+"""Called once per group, in the event loop, with the group's index in the request and the
+results of its calls (one per reward component, in the order of ``rewards``) as soon as all
+of them are settled: how a job streams finished groups before the batch is done."""
 
 
 def call_timeout(requested_s: float | None, settings: Settings) -> float:
@@ -56,10 +62,15 @@ def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
 
 
 async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
-                    progress: ProgressCallback | None = None) -> list[CallResult]:
+                    progress: ProgressCallback | None = None,
+                    on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
     """Run calls on the executor and record each sample's outcome and duration in the
-    metrics."""
-    results = await executor.run(calls, progress)
+    metrics. ``on_call_done`` is passed on only when set (executors written before it
+    existed keep working)."""
+    if on_call_done is None:
+        results = await executor.run(calls, progress)
+    else:
+        results = await executor.run(calls, progress, on_call_done)
     for call, result in zip(calls, results):
         for item in result.items:
             outcome = "ok" if item.outcome.ok else item.outcome.error.value
@@ -68,19 +79,41 @@ async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
 
 
 async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
-                        settings: Settings, progress: ProgressCallback | None) -> list[Column]:
+                        settings: Settings, progress: ProgressCallback | None,
+                        on_group: GroupCallback | None = None) -> list[Column]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
-    component) as their groups finish."""
+    component) as their groups finish; ``on_group`` hears of each finished group."""
     calls = plan(flat, specs, settings)
-    results = await run_calls(calls, executor, progress)
+    hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
+    results = await run_calls(calls, executor, progress, hook)
     return verifier_columns(specs, rollout_major(calls, results, len(specs)))
+
+
+def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> CallDoneCallback:
+    """A per-call callback that calls ``on_group`` once all of a group's calls settled.
+    :func:`plan` makes ``num_specs`` consecutive calls per group that has rollouts."""
+    group_of = [gi for gi, group in enumerate(flat.groups) if group.rollouts
+                for _ in range(num_specs)]
+    settled: dict[int, dict[int, CallResult]] = {}
+
+    def done(index: int, result: CallResult) -> None:
+        gi = group_of[index]
+        parts = settled.setdefault(gi, {})
+        parts[index % num_specs] = result
+        if len(parts) == num_specs:
+            del settled[gi]
+            on_group(gi, [parts[j] for j in range(num_specs)])
+
+    return done
 
 
 async def score(req: ScoreRequest, executor: Executor, settings: Settings,
                 progress: ProgressCallback | None = None,
-                runs: RunStore | None = None) -> dict[str, Any]:
-    """POST /v1/score: verify every rollout, then advantages."""
-    return await _verify_then_respond(req, req.advantage, executor, settings, progress, runs)
+                runs: RunStore | None = None,
+                on_group: GroupCallback | None = None) -> dict[str, Any]:
+    """POST /v1/score (and a job): verify every rollout, then advantages."""
+    return await _verify_then_respond(req, req.advantage, executor, settings, progress, runs,
+                                      on_group)
 
 
 async def rewards(req: RewardsRequest, executor: Executor, settings: Settings,
@@ -92,11 +125,12 @@ async def rewards(req: RewardsRequest, executor: Executor, settings: Settings,
 async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: AdvantageSpec | None,
                                executor: Executor, settings: Settings,
                                progress: ProgressCallback | None,
-                               runs: RunStore | None) -> dict[str, Any]:
+                               runs: RunStore | None,
+                               on_group: GroupCallback | None = None) -> dict[str, Any]:
     with gc_paused():
         validate_score(req, settings)
         flat = FlatBatch.of(req.groups)
-    columns = await run_verifiers(flat, req.rewards, executor, settings, progress)
+    columns = await run_verifiers(flat, req.rewards, executor, settings, progress, on_group)
 
     def finish() -> dict[str, Any]:
         with gc_paused():

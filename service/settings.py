@@ -82,6 +82,28 @@ class Settings(BaseSettings):
         description="Prefork child processes of a `rewardd worker` (verifier calls it runs at "
         "once).")
 
+    # ---- shared infrastructure: tenants, jobs and state in Redis; see service/tenancy.py ----
+    api_keys: str = Field(
+        "", description="API keys, `key=tenant,...`. Set (here or in REWARDD_API_KEYS_FILE): "
+        "every /v1 request needs `Authorization: Bearer <key>` (else 401), and jobs and run "
+        "state are visible only to the key's tenant. Unset: one tenant, `default`, no keys.")
+    api_keys_file: str | None = Field(
+        None, description='JSON file of tenants, keys and per-tenant limits: {"tenants": '
+        '{"name": {"keys": ["..."], "max_concurrent_jobs": 4, "max_body_bytes": 1048576}}}.')
+    tenant_max_concurrent_jobs: int = Field(
+        16, ge=1, description="Scoring requests and jobs one tenant may have running at once "
+        "(across all API pods when state is in Redis); beyond it: 429 with Retry-After.")
+    retry_after_s: int = Field(
+        2, ge=1, description="Retry-After (seconds) sent with 429 when a tenant is at its "
+        "limit of concurrent work.")
+    state_url: str | None = Field(
+        None, description="Redis for jobs, run state and tenant limits, shared by all API "
+        "pods (e.g. redis://127.0.0.1:6379/1). Default: the broker URL; with neither, state "
+        "lives in the API process (lost when it restarts).")
+    job_ttl_s: int = Field(
+        24 * 3600, ge=1, description="A job (its state, progress and result) is kept this "
+        "long after it finished; then GET /v1/jobs/{id} answers 404.")
+
     @property
     def plugin_modules(self) -> list[str]:
         return [name.strip() for name in self.plugins.split(",") if name.strip()]
@@ -90,6 +112,11 @@ class Settings(BaseSettings):
     def result_backend_url(self) -> str | None:
         """The result backend: REWARDD_RESULT_BACKEND, else the broker."""
         return self.result_backend or self.broker_url
+
+    @property
+    def state_redis_url(self) -> str | None:
+        """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""
+        return self.state_url or self.broker_url
 
     @property
     def worker_queue_names(self) -> list[str]:

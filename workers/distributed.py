@@ -8,9 +8,10 @@ the culprit fails. The delivery guarantees are the Celery app's (:mod:`workers.c
 How results are awaited without blocking the event loop: one poller coroutine per executor
 asks Redis for every pending result key with a single MGET per tick, in a thread of its own
 (redis-py and kombu sockets block), then deletes the keys of the results it read with one DEL
-(what ``AsyncResult.forget()`` does, batched) before handing them over. Publishing runs in a
+(what ``AsyncResult.forget()`` does, batched; in the same round trip it reads the redelivery
+counters, for ``rewardd_task_retries_total``) before handing them over. Publishing runs in a
 small pool of threads (:data:`IO_THREADS`), :data:`PUBLISH_SLICE` calls at a time on one
-producer connection.
+producer connection, in Redis pipelines of :data:`PIPELINE_SIZE` messages.
 The cost: a result is noticed up to one tick late (:data:`POLL_MIN_S` right after results
 arrived, backing off to :data:`POLL_MAX_S` while nothing does), and while calls are pending
 Redis answers 20 to 200 MGETs a second per API process, each for all pending keys (64 bytes
@@ -23,6 +24,7 @@ Celery's result pub/sub channels would save the polling but lose results publish
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -30,17 +32,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 from celery import states
 from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
+from service import metrics
 from service.settings import Settings
 from verifiers.base import FailureKind, Outcome
 from workers.celery_app import (PING_TASK, VERIFY_TASK, CallAbandoned, create_celery,
                                 deliveries_key, max_samples_per_task, parse_exitcode,
                                 redact_url, task_time_limits)
-from workers.executor import CallResult, Executor, ItemResult, ProgressCallback, VerifyCall
+from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+                              ProgressCallback, VerifyCall)
 from workers.routing import DEFAULT_QUEUE, Router
 
 log = logging.getLogger(__name__)
@@ -68,10 +73,18 @@ CENSUS_TIMEOUT_S, taken in the background at most every CENSUS_EVERY_S."""
 
 MGET_CHUNK = 1000
 
+DEPTH_TIMEOUT_S = 1.0
+"""Connect and read timeout of the queue-depth reads of a /metrics scrape."""
+
+PIPELINE_SIZE = 16
+"""Messages per Redis pipeline when publishing: one round trip for that many tasks instead
+of one each, and workers start on the first pipeline while later ones are being built."""
+
 PUBLISH_SLICE = 128
 """Calls published per trip to the I/O thread: results of the first slices are read while
-later ones are still being sent (publishing costs about 1.5 ms of CPU per task in kombu and
-redis-py on a small VM, which is why one task carries a whole group)."""
+later ones are still being sent (publishing costs about 0.4 ms of CPU per task in Celery,
+kombu and redis-py on a small VM, 0.6 ms without pipelines, which is why one task carries a
+whole group)."""
 
 REDELETE_AFTER_S = 2.0
 
@@ -101,9 +114,16 @@ class _Waiter:
     transform: Callable[[Any], Any]
     """Turns the decoded result meta (or a marker) into the future's value. Pure, so the
     poller runs it in its thread: mapping thousands of results must not stall the loop."""
+    queue: str | None = None
+    """The task's queue, for the task metrics (None: not counted, e.g. a readiness ping)."""
+    verifier: str = ""
+    published: float = 0.0
+    """time.monotonic() just before the task was published (for its latency)."""
 
     def settle(self, meta: Any) -> Any:
-        """The future's value for ``meta``; never raises."""
+        """The future's value for ``meta``; never raises. Counts the task in the metrics."""
+        if self.queue is not None:
+            _observe(self, meta)
         try:
             return self.transform(meta)
         except Exception as exc:  # never leave a request hanging on a mapping bug
@@ -154,16 +174,24 @@ class CeleryExecutor(Executor):
         self._census: dict[str, Any] | None = None
         self._census_at: float | None = None
         self._census_job: Any = None
+        self._census_lock = threading.Lock()
+        self._depth_client: Any = None
+        self._depth_keys: dict[str, list[str]] | None = None
         self._closed = False
 
     # ---- running calls ----------------------------------------------------------------
 
     async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
+                  progress: ProgressCallback | None = None,
+                  on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
         """Publish every call (as tasks of at most :func:`max_samples_per_task` samples) and
         settle each task as its result arrives: by a callback, not a coroutine per call, so a
         batch of thousands of groups costs the loop no more than the results themselves. A
-        task that failed as a whole is replayed one sample per task at once."""
+        task that failed as a whole is replayed one sample per task at once.
+
+        Cancelled (a cancelled job): the calls' waiters are dropped at once and their tasks
+        revoked (:meth:`_abandon`), so workers skip those still queued; running ones finish
+        and their results expire unread (REWARDD_RESULT_TTL_S)."""
         loop = asyncio.get_running_loop()
         chunked = [self._split(call) for call in calls]
         tasks = [chunk for chunks in chunked for chunk in chunks]
@@ -172,12 +200,24 @@ class CeleryExecutor(Executor):
         remaining = len(tasks)
         all_done: asyncio.Future = loop.create_future()
         replays: set[asyncio.Task] = set()
+        call_of = [ci for ci, chunks in enumerate(chunked) for _ in chunks]
+        first_chunk = [0] * len(chunked)
+        for ci in range(1, len(chunked)):
+            first_chunk[ci] = first_chunk[ci - 1] + len(chunked[ci - 1])
+        chunks_left = [len(chunks) for chunks in chunked]
 
         def finish(index: int, result: list[ItemResult]) -> None:
             nonlocal remaining
             items[index] = result
             if progress is not None:
                 progress(len(tasks[index].samples))
+            if on_call_done is not None:
+                ci = call_of[index]
+                chunks_left[ci] -= 1
+                if chunks_left[ci] == 0:
+                    parts = range(first_chunk[ci], first_chunk[ci] + len(chunked[ci]))
+                    on_call_done(ci, CallResult([item for i in parts for item in items[i]],
+                                                any(replayed[i] for i in parts)))
             remaining -= 1
             if remaining == 0 and not all_done.done():
                 all_done.set_result(None)
@@ -185,6 +225,7 @@ class CeleryExecutor(Executor):
         def replay_done(index: int, task: asyncio.Task) -> None:
             replays.discard(task)
             if task.cancelled():
+                self._abandon()  # its single-sample waiters were cancelled with it
                 return
             error = task.exception()
             finish(index, task.result() if error is None else _all_failed(
@@ -198,14 +239,25 @@ class CeleryExecutor(Executor):
                 finish(index, result)
                 return
             replayed[index] = True  # the task failed as a whole: every sample on its own
+            metrics.TASK_RETRIES.labels(self.router.queue_for(tasks[index].verifier),
+                                        "replay").inc()
             task = loop.create_task(self._replay(tasks[index]))
             replays.add(task)
             task.add_done_callback(functools.partial(replay_done, index))
 
-        for index, future in enumerate(await self._submit(tasks)):
+        futures = await self._submit(tasks)
+        for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(settled, index))
-        if tasks:
-            await all_done
+        try:
+            if tasks:
+                await all_done
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            for task in list(replays):
+                task.cancel()
+            self._abandon()
+            raise
         results, index = [], 0
         for chunks in chunked:
             parts = range(index, index + len(chunks))
@@ -248,12 +300,18 @@ class CeleryExecutor(Executor):
         broker_down: Exception | None = None
         for start in range(0, len(jobs), PUBLISH_SLICE):
             part = jobs[start:start + PUBLISH_SLICE]
+            sent = time.monotonic()
             if broker_down is not None:  # do not wait out the publish retries again
                 errors: dict[str, Exception] = {task_id: broker_down for task_id, _, _ in part}
             else:
                 try:
                     errors = await loop.run_in_executor(
                         self._io, self._publish, [(task_id, call) for task_id, call, _ in part])
+                except asyncio.CancelledError:  # the caller was cancelled while publishing
+                    for fut in futures:
+                        fut.cancel()
+                    self._abandon([task_id for task_id, _, _ in jobs[start:]])
+                    raise
                 except Exception as exc:  # the I/O pool shut down under us (closing)
                     errors = {task_id: exc for task_id, _, _ in part}
                 broker_down = next((e for e in errors.values()
@@ -261,42 +319,75 @@ class CeleryExecutor(Executor):
             started = time.monotonic()
             for task_id, call, fut in part:
                 error = errors.get(task_id)
+                queue = self.router.queue_for(call.verifier)
                 if error is not None:
+                    metrics.TASKS.labels(queue, "unavailable").inc()
                     fut.set_result(_all_failed(call, _unavailable(
                         f"could not send the call to the broker: {type(error).__name__}: "
                         f"{error}"), 0.0))
                     continue
                 limit = self.settings.queue_timeout_s + task_time_limits(call)[1]
                 self._watch(task_id, fut, started + limit + DEADLINE_SLACK_S,
-                            _mapper(call, started, limit))
+                            _mapper(call, started, limit), queue, call.verifier, sent)
         return futures
 
     def _publish(self, jobs: list[tuple[str, VerifyCall]]) -> dict[str, Exception]:
-        """In an I/O thread: one task per call on one producer connection. Returns the
+        """In an I/O thread: one task per call on one producer connection, sent in Redis
+        pipelines of :data:`PIPELINE_SIZE` messages (kombu's publish batches). Returns the
         calls that could not be sent. Once the broker is unreachable (after the publish
-        retries) the rest of the batch is not tried."""
+        retries) the rest of the batch is not tried.
+
+        A pipeline that fails is sent again one message at a time, with Celery's publish
+        retries: some of its messages may have gone through, and running such a task twice
+        is harmless (tasks are idempotent; the second result overwrites the first)."""
         errors: dict[str, Exception] = {}
         try:
             with self.app.producer_or_acquire() as producer:
-                for index, (task_id, call) in enumerate(jobs):
-                    soft, hard = task_time_limits(call)
+                batch = getattr(producer, "batch", None)  # kombu >= 5.7
+                for start in range(0, len(jobs), PIPELINE_SIZE):
+                    part = jobs[start:start + PIPELINE_SIZE]
+                    buffered: list[tuple[str, VerifyCall]] = []
+                    down: Exception | None = None
                     try:
-                        self._verify.apply_async(
-                            args=call.task_args(), task_id=task_id, producer=producer,
-                            queue=self.router.queue_for(call.verifier),
-                            soft_time_limit=soft, time_limit=hard,
-                            expires=self.settings.queue_timeout_s,
-                            # monitoring reprs of the arguments: Celery would build them
-                            # with saferepr, about 40% of the cost of publishing a group
-                            argsrepr=call.verifier, kwargsrepr="")
-                    except OperationalError as exc:  # broker down: the rest would fail too
-                        errors.update((tid, exc) for tid, _ in jobs[index:])
+                        with (batch(max_size=len(part) + 1) if batch is not None
+                              else contextlib.nullcontext()):
+                            down = self._send_each(producer, part, errors, buffered)
+                    except Exception as exc:  # the pipeline failed: delivery uncertain
+                        log.warning("a publish pipeline failed (%s: %s); sending its %d "
+                                    "calls one by one", type(exc).__name__, exc, len(buffered))
+                        down = self._send_each(producer, buffered, errors, [])
+                    if down is not None:  # broker down: the rest would fail too
+                        errors.update((tid, down) for tid, _ in jobs[start + len(part):])
                         break
-                    except Exception as exc:  # this call only (e.g. not JSON-serializable)
-                        errors[task_id] = exc
         except Exception as exc:  # no producer connection at all
             errors.update((tid, exc) for tid, _ in jobs if tid not in errors)
         return errors
+
+    def _send_each(self, producer: Any, jobs: list[tuple[str, VerifyCall]],
+                   errors: dict[str, Exception],
+                   sent: list[tuple[str, VerifyCall]]) -> Exception | None:
+        """Publish (or, inside a publish batch, buffer) each job; failed calls go to
+        ``errors``, the others to ``sent``. Stops at a broker connection error (after
+        Celery's publish retries), marks the rest failed and returns that error."""
+        for index, (task_id, call) in enumerate(jobs):
+            soft, hard = task_time_limits(call)
+            try:
+                self._verify.apply_async(
+                    args=call.task_args(), task_id=task_id, producer=producer,
+                    queue=self.router.queue_for(call.verifier),
+                    soft_time_limit=soft, time_limit=hard,
+                    expires=self.settings.queue_timeout_s,
+                    # monitoring reprs of the arguments: Celery would build them
+                    # with saferepr, about 40% of the cost of publishing a group
+                    argsrepr=call.verifier, kwargsrepr="")
+            except OperationalError as exc:  # broker down: the rest would fail too
+                errors.update((tid, exc) for tid, _ in jobs[index:])
+                return exc
+            except Exception as exc:  # this call only (e.g. not JSON-serializable)
+                errors[task_id] = exc
+            else:
+                sent.append((task_id, call))
+        return None
 
     # ---- awaiting results ------------------------------------------------------------
 
@@ -311,9 +402,11 @@ class CeleryExecutor(Executor):
         return loop
 
     def _watch(self, task_id: str, future: asyncio.Future, deadline: float,
-               transform: Callable[[Any], Any]) -> None:
+               transform: Callable[[Any], Any], queue: str | None = None, verifier: str = "",
+               published: float = 0.0) -> None:
         key = self._backend.get_key_for_task(task_id)
-        self._waiters[task_id] = _Waiter(key, future, deadline, transform)
+        self._waiters[task_id] = _Waiter(key, future, deadline, transform, queue, verifier,
+                                         published)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll())
 
@@ -370,11 +463,18 @@ class CeleryExecutor(Executor):
         if not found:
             return []
         try:
-            client.delete(*(key for task_id, waiter, _ in found
-                            for key in (waiter.key, deliveries_key(task_id))))
+            # one round trip: the redelivery counts (for the metrics), then delete it all
+            with client.pipeline(transaction=False) as pipe:
+                for task_id, _, _ in found:
+                    pipe.hget(deliveries_key(task_id), "redeliveries")
+                pipe.delete(*(key for task_id, waiter, _ in found
+                              for key in (waiter.key, deliveries_key(task_id))))
+                redeliveries = pipe.execute()[:-1]
         except Exception:  # they expire anyway (result_expires)
             log.warning("could not delete %d read results; they expire in %d s", len(found),
                         self.settings.result_ttl_s)
+        else:
+            _count_redeliveries(found, redeliveries)
         # Celery stores a hard time limit twice (Request.on_timeout, then on_failure), so the
         # second copy may land after the delete: delete those once more, a little later.
         again = [waiter.key for _, waiter, meta in found if _hard_time_limit(meta)]
@@ -403,6 +503,28 @@ class CeleryExecutor(Executor):
         except RuntimeError:  # I/O pool shut down meanwhile
             pass
 
+    def _abandon(self, task_ids: Sequence[str] = ()) -> None:
+        """Forget the waiters whose futures were cancelled (their ``run()`` was cancelled)
+        and revoke their tasks and ``task_ids`` (one broadcast, in an I/O thread): workers
+        skip revoked tasks still queued. The poller stops once no waiter is left."""
+        gone = [task_id for task_id, waiter in self._waiters.items()
+                if waiter.future.cancelled()]
+        for task_id in gone:
+            del self._waiters[task_id]
+        ids = [*gone, *task_ids]
+        if ids and not self._closed:
+            try:
+                self._io.submit(self._revoke, ids)
+            except RuntimeError:  # I/O pool shut down meanwhile (closing)
+                pass
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        try:
+            self.app.control.revoke(task_ids)
+        except Exception:  # queued tasks then run and their results expire unread
+            log.warning("could not revoke %d tasks of a cancelled run", len(task_ids),
+                        exc_info=True)
+
     def _settle_all(self, marker: _Marker) -> None:
         waiters, self._waiters = list(self._waiters.values()), {}
         for waiter in waiters:
@@ -418,7 +540,7 @@ class CeleryExecutor(Executor):
         if self._closed:
             return False
         loop = self._bind_loop()
-        self._maybe_census(loop)
+        self._census_soon()
         started = time.monotonic()
         task_id = uuid()
         try:
@@ -445,12 +567,19 @@ class CeleryExecutor(Executor):
         self._ping.apply_async(task_id=task_id, queue=DEFAULT_QUEUE, expires=wait_s,
                                retry=False)
 
-    def _maybe_census(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._census_job is not None and not self._census_job.done():
-            return
-        if self._census_at is not None and time.monotonic() - self._census_at < CENSUS_EVERY_S:
-            return
-        self._census_job = loop.run_in_executor(self._io, self._take_census)
+    def _census_soon(self) -> None:
+        """Start a census in an I/O thread unless one is running or the last is recent.
+        Callable from any thread (the loop's /readyz, the /metrics scrape's thread)."""
+        with self._census_lock:
+            if self._closed or (self._census_job is not None and not self._census_job.done()):
+                return
+            if (self._census_at is not None
+                    and time.monotonic() - self._census_at < CENSUS_EVERY_S):
+                return
+            try:
+                self._census_job = self._io.submit(self._take_census)
+            except RuntimeError:  # the I/O pool shut down (closing)
+                pass
 
     async def census(self) -> dict[str, Any]:
         """Take the worker census now (what :meth:`describe` reports) and return it."""
@@ -471,6 +600,61 @@ class CeleryExecutor(Executor):
                     by_queue[queue["name"]] = by_queue.get(queue["name"], 0) + 1
             self._census = {"workers": len(replies), "workers_by_queue": by_queue}
         self._census_at = time.monotonic()
+
+    # ---- scrape-time metrics (service.metrics.ScrapeCollector, in the scrape's thread) ----
+
+    def workers_by_queue(self) -> dict[str, int] | None:
+        """Workers consuming each queue (every routed queue, 0 when none), from the last
+        census; None before the first successful one. Starts a background census when the
+        last is older than CENSUS_EVERY_S, so scrapes add no broadcast of their own."""
+        self._census_soon()
+        census = self._census
+        if not census or census.get("workers") is None:
+            return None
+        counts = dict.fromkeys(self.router.queues, 0)
+        counts.update(census.get("workers_by_queue") or {})
+        return counts
+
+    def queue_depths(self) -> dict[str, int] | None:
+        """Messages waiting in each routed queue: with the Redis transport a queue is a
+        list named like it plus one list per priority step (``cpu\\x06\\x163``...), all
+        summed; one pipeline of LLENs on a client of its own with short timeouts. Blocking:
+        call it off the event loop. None for a broker that is not Redis."""
+        if self._closed:
+            return None
+        keys = self._queue_keys()
+        if keys is None:
+            return None
+        if self._depth_client is None:
+            import redis
+
+            self._depth_client = redis.Redis.from_url(
+                self.settings.broker_url, socket_connect_timeout=DEPTH_TIMEOUT_S,
+                socket_timeout=DEPTH_TIMEOUT_S)
+        with self._depth_client.pipeline(transaction=False) as pipe:
+            for names in keys.values():
+                for name in names:
+                    pipe.llen(name)
+            sizes = iter(pipe.execute())
+        return {queue: sum(next(sizes) for _ in names) for queue, names in keys.items()}
+
+    def _queue_keys(self) -> dict[str, list[str]] | None:
+        """Redis lists of each queue, as kombu's Redis transport names them."""
+        if self._depth_keys is None:
+            scheme = urlsplit(self.settings.broker_url or "").scheme
+            if scheme not in ("redis", "rediss"):
+                return None
+            from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+            options = self.app.conf.broker_transport_options or {}
+            prefix = options.get("global_keyprefix", "")
+            steps = sorted(set(options.get("priority_steps", PRIORITY_STEPS)) | {0})
+            sep = options.get("sep", Channel.sep)
+            self._depth_keys = {
+                queue: [f"{prefix}{queue}" if step == 0 else f"{prefix}{queue}{sep}{step}"
+                        for step in steps]
+                for queue in self.router.queues}
+        return self._depth_keys
 
     def describe(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -503,6 +687,11 @@ class CeleryExecutor(Executor):
                 loop.call_soon_threadsafe(self._settle_all, marker)
         self._io.shutdown(wait=False, cancel_futures=True)
         self._poll_io.shutdown(wait=False, cancel_futures=True)
+        if self._depth_client is not None:
+            try:
+                self._depth_client.close()
+            except Exception:
+                pass
         self.app.close()
 
 
@@ -567,6 +756,41 @@ def to_items(meta: Any, call: VerifyCall, waited_s: float,
             FailureKind.crashed, f"worker process died (exit code {code}): {message}",
             exitcode=code), waited_s)]
     return _all_failed(call, _unavailable(f"{name}: {message}"), waited_s)
+
+
+# ---- task metrics ----------------------------------------------------------------------------
+
+def _observe(waiter: _Waiter, meta: Any) -> None:
+    """Count one settled task (``rewardd_tasks_total``) and, for a stored result, its
+    publish-to-result latency (``rewardd_task_duration_seconds``). Never raises."""
+    try:
+        if isinstance(meta, _Expired):
+            state = "expired"
+        elif isinstance(meta, _Marker):
+            state = "unavailable"
+        else:
+            status = meta.get("status") if isinstance(meta, dict) else None
+            state = ("success" if status == states.SUCCESS else
+                     "expired" if status == states.REVOKED else "failure")
+            if state != "expired":
+                metrics.TASK_DURATION.labels(waiter.queue, waiter.verifier).observe(
+                    time.monotonic() - waiter.published)
+        metrics.TASKS.labels(waiter.queue, state).inc()
+    except Exception:  # metrics never break a call
+        log.debug("could not record task metrics", exc_info=True)
+
+
+def _count_redeliveries(found: Sequence[tuple[str, _Waiter, Any]],
+                        redeliveries: Sequence[Any]) -> None:
+    """``rewardd_task_retries_total{reason="worker_lost"}``: the redeliveries each task's
+    guard counted in its ``deliveries_key`` hash (absent: delivered once)."""
+    for (_, waiter, _), count in zip(found, redeliveries):
+        if count is None or waiter.queue is None:
+            continue
+        try:
+            metrics.TASK_RETRIES.labels(waiter.queue, "worker_lost").inc(int(count))
+        except (TypeError, ValueError):
+            pass
 
 
 def _hard_time_limit(meta: Any) -> bool:

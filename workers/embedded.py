@@ -25,7 +25,8 @@ import pebble
 from pebble.common import ProcessExpired
 
 from verifiers.base import FailureKind, Outcome
-from workers.executor import CallResult, Executor, ItemResult, ProgressCallback, VerifyCall
+from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+                              ProgressCallback, VerifyCall)
 from workers.tasks import init_worker, ping_task, verify_group_task
 
 
@@ -62,10 +63,16 @@ class EmbeddedExecutor(Executor):
                                         initializer=init_worker)
 
     async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._run(call, progress) for call in calls)))
+                  progress: ProgressCallback | None = None,
+                  on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
+        """Cancelling the caller cancels every pending pebble task: queued ones are dropped,
+        and a running one has its worker stopped and replaced (pebble), so a cancelled job
+        frees the pool at once; the pool itself keeps serving."""
+        return list(await asyncio.gather(*(self._run(call, progress, on_call_done, index)
+                                           for index, call in enumerate(calls))))
 
-    async def _run(self, call: VerifyCall, progress: ProgressCallback | None) -> CallResult:
+    async def _run(self, call: VerifyCall, progress: ProgressCallback | None,
+                   on_call_done: CallDoneCallback | None = None, index: int = 0) -> CallResult:
         loop = asyncio.get_running_loop()
         items = await self._submit(loop, call)
         replayed = items is None
@@ -75,7 +82,10 @@ class EmbeddedExecutor(Executor):
             items = [single[0] for single in singles]  # one-sample calls never need replay
         if progress is not None:
             progress(len(call.samples))
-        return CallResult(items, replayed)
+        result = CallResult(items, replayed)
+        if on_call_done is not None:
+            on_call_done(index, result)
+        return result
 
     def _submit(self, loop: asyncio.AbstractEventLoop,
                 call: VerifyCall) -> asyncio.Future[list[ItemResult] | None]:
@@ -99,6 +109,8 @@ class EmbeddedExecutor(Executor):
             loop.call_soon_threadsafe(_set_if_pending, result, items)
 
         fut.add_done_callback(settle)
+        # the awaiting task was cancelled (a cancelled job): drop or stop the pebble task
+        result.add_done_callback(lambda done: fut.cancel() if done.cancelled() else None)
         return result
 
     async def ready(self, wait_s: float = 5.0) -> bool:

@@ -18,6 +18,11 @@ from verifiers.base import Outcome, Sample
 ProgressCallback = Callable[[int], None]
 """Called with the number of checks (samples) that just finished, for progress bars."""
 
+CallDoneCallback = Callable[[int, "CallResult"], None]
+"""Called once per call, in the event loop, with the call's index in ``calls`` and its
+settled result, as soon as that call (every chunk of it) is settled: lets a job report
+finished groups early. Optional in :meth:`Executor.run`; callers pass it only when set."""
+
 HARD_MARGIN_S = 0.1
 """Slack of a call's hard limit over the soft limits it backs up: time for the worker to
 send the result of a check its soft deadline interrupted (milliseconds) before it is killed.
@@ -105,9 +110,15 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
-        """Run every call; results come back in the order of ``calls``, and ``progress``
-        hears of each call's samples once the call is settled."""
+                  progress: ProgressCallback | None = None,
+                  on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
+        """Run every call; results come back in the order of ``calls``, ``progress`` hears
+        of each call's samples once the call is settled, and ``on_call_done`` gets each
+        call's result as it settles.
+
+        Cancelling the awaiting task stops the calls not yet settled as far as the
+        executor can (queued ones are dropped, running ones stopped or revoked) and leaves
+        nothing waiting behind: a cancelled job must not hold workers or pollers."""
 
     @abc.abstractmethod
     async def ready(self, wait_s: float = 5.0) -> bool:

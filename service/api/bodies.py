@@ -31,7 +31,14 @@ def responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     return {
         200: {"model": model, "content": {MSGPACK: {"schema": _ref(model)}}},
         400: {"model": ErrorResponse, "description": "Body is not valid JSON or msgpack."},
-        413: {"model": ErrorResponse, "description": "Body over REWARDD_MAX_BODY_BYTES."},
+        413: {"model": ErrorResponse, "description": "Body over REWARDD_MAX_BODY_BYTES or the tenant's max_body_bytes."},
         415: {"model": ErrorResponse, "description": "Unsupported Content-Type."},
         422: {"model": ErrorResponse, "description": "Invalid field: loc names it, msg says why."},
     }
+
+
+BUSY_RESPONSE: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorResponse, "description": "The tenant already runs as many scoring "
+          "requests and jobs as it may; retry after the `Retry-After` header's seconds.",
+          "headers": {"Retry-After": {"schema": {"type": "integer"},
+                                      "description": "Seconds to wait before retrying."}}}}

@@ -5,16 +5,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from service.advantages import ENTRIES, PROFILES
 from service.advantages.registry import KINDS, Kind
 from service.models import EstimatorInfo, ParamInfo, VerifierInfo
+from service.tenancy import AUTH_RESPONSES, current_tenant
 from verifiers import REGISTRY
 
-router = APIRouter(prefix="/v1", tags=["catalogue"])
+router = APIRouter(prefix="/v1", tags=["catalogue"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
 
 
 def _type_name(annotation: Any) -> str:

@@ -38,5 +38,8 @@ def sandbox_isolation() -> dict[str, object]:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 def scrape(request: Request) -> Response:
-    data, content_type = metrics.render(request.app.state.settings.prometheus_multiproc_dir)
+    # a plain def: FastAPI runs it in a worker thread, so the scrape-time reads (queue depth
+    # from the broker, the jobs counter) never block the event loop
+    data, content_type = metrics.render(request.app.state.settings.prometheus_multiproc_dir,
+                                        getattr(request.app.state, "executor", None))
     return Response(data, media_type=content_type)

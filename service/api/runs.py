@@ -1,24 +1,34 @@
-"""GET and DELETE /v1/runs/{run_id}: view and reset the state stateful entries keep per run."""
+"""GET and DELETE /v1/runs/{run_id}: view and reset the state stateful entries keep per run.
+
+A tenant sees only its own runs: another tenant's run of the same id is simply not there."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+
+router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
 
 
 @router.get("/runs/{run_id}", summary="Run state")
-def view_run(run_id: str, request: Request) -> dict[str, Any]:
+async def view_run(run_id: str, request: Request,
+                   tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
     """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run."""
-    state = request.app.state.runs.view(run_id)
+    runs = request.app.state.runs.for_tenant(tenant.name)
+    state = await run_in_threadpool(runs.view, run_id)
     if state is None:
         raise HTTPException(404, f"run {run_id!r} has no state (never seen, expired or reset)")
     return {"run_id": run_id, "state": state}
 
 
 @router.delete("/runs/{run_id}", summary="Reset run state")
-def reset_run(run_id: str, request: Request) -> dict[str, Any]:
+async def reset_run(run_id: str, request: Request,
+                    tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
     """Forget the run's state; the next request starts it afresh."""
-    return {"run_id": run_id, "reset": request.app.state.runs.reset(run_id)}
+    runs = request.app.state.runs.for_tenant(tenant.name)
+    return {"run_id": run_id, "reset": await run_in_threadpool(runs.reset, run_id)}

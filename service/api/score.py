@@ -2,41 +2,46 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from service import pipeline
-from service.api.bodies import body, responses
+from service.api.bodies import BUSY_RESPONSE, body, responses
 from service.codec import read_model, render
 from service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, ScoreResponse
+from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 
-router = APIRouter(prefix="/v1", tags=["scoring"])
+router = APIRouter(prefix="/v1", tags=["scoring"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("/score", response_model=None, openapi_extra=body(ScoreRequest),
-             responses=responses(ScoreResponse), summary="Rewards and per-token advantages")
-async def score(request: Request) -> Response:
+             responses={**responses(ScoreResponse), **BUSY_RESPONSE},
+             summary="Rewards and per-token advantages")
+async def score(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout with every reward component, then compute advantages."""
     req = await read_model(request, ScoreRequest)
     state = request.app.state
-    return render(request, await pipeline.score(req, state.executor, state.settings,
-                                                runs=state.runs))
+    async with state.limiter.hold(tenant):
+        return render(request, await pipeline.score(req, state.executor, state.settings,
+                                                    runs=state.runs.for_tenant(tenant.name)))
 
 
 @router.post("/rewards", response_model=None, openapi_extra=body(RewardsRequest),
-             responses=responses(ScoreResponse), summary="Rewards only")
-async def rewards(request: Request) -> Response:
+             responses={**responses(ScoreResponse), **BUSY_RESPONSE}, summary="Rewards only")
+async def rewards(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout; the response has no advantages."""
     req = await read_model(request, RewardsRequest)
     state = request.app.state
-    return render(request, await pipeline.rewards(req, state.executor, state.settings))
+    async with state.limiter.hold(tenant):
+        return render(request, await pipeline.rewards(req, state.executor, state.settings))
 
 
 @router.post("/advantages", response_model=None, openapi_extra=body(AdvantagesRequest),
              responses=responses(ScoreResponse), summary="Advantages from given rewards")
-async def advantages(request: Request) -> Response:
+async def advantages(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Pure compute: advantages from the `reward`/`rewards` the rollouts carry."""
     req = await read_model(request, AdvantagesRequest)
-    return render(request, await run_in_threadpool(pipeline.advantages, req,
-                                                   request.app.state.runs))
+    runs = request.app.state.runs.for_tenant(tenant.name)
+    return render(request, await run_in_threadpool(pipeline.advantages, req, runs))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from service.api.bodies import body, responses
@@ -10,10 +10,12 @@ from service.codec import read_model, render
 from service.models import VerifyRequest, VerifyResponse
 from service.pipeline import call_timeout, run_calls
 from service.validation import check_timeout, raise_if, validate_params
+from service.tenancy import AUTH_RESPONSES, current_tenant
 from verifiers import Sample, get_verifier
 from workers.executor import VerifyCall
 
-router = APIRouter(prefix="/v1", tags=["verifiers"])
+router = APIRouter(prefix="/v1", tags=["verifiers"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("/verify/{verifier}", response_model=None, openapi_extra=body(VerifyRequest),

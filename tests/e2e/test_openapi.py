@@ -19,7 +19,8 @@ OPENAPI = REPO_ROOT / "openapi" / "openapi.json"
 EXAMPLES = REPO_ROOT / "openapi" / "examples"
 
 V1_PATHS = ["/v1/score", "/v1/rewards", "/v1/advantages", "/v1/verify/{verifier}",
-            "/v1/verifiers", "/v1/estimators", "/healthz", "/readyz", "/metrics"]
+            "/v1/verifiers", "/v1/estimators", "/v1/runs/{run_id}", "/v1/jobs",
+            "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events", "/healthz", "/readyz", "/metrics"]
 BODIES = {"/v1/score": "ScoreRequest", "/v1/rewards": "RewardsRequest",
           "/v1/advantages": "AdvantagesRequest", "/v1/verify/{verifier}": "VerifyRequest"}
 
@@ -93,3 +94,13 @@ def test_advantages_example_is_valid() -> None:
     request = AdvantagesRequest.model_validate(
         json.loads((EXAMPLES / "advantages.json").read_text()))
     pipeline.validate_advantages(request)
+
+
+def test_every_v1_route_documents_401_and_scoring_routes_429() -> None:
+    paths = document()["paths"]
+    for path, methods in paths.items():
+        for method, op in methods.items():
+            if path.startswith("/v1/"):
+                assert "401" in op["responses"], (method, path)
+    for path in ("/v1/score", "/v1/rewards", "/v1/jobs"):
+        assert "429" in paths[path]["post"]["responses"], path

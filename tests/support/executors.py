@@ -1,10 +1,13 @@
-"""An executor for tests that exercise the API without running verifiers."""
+"""Executors for tests that exercise the API without running verifiers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Sequence
 
-from workers.executor import CallResult, Executor, ProgressCallback, VerifyCall
+from verifiers.base import Outcome
+
+from workers.executor import CallResult, Executor, ItemResult, ProgressCallback, VerifyCall
 
 
 class RefusingExecutor(Executor):
@@ -30,3 +33,22 @@ class RefusingExecutor(Executor):
 
     def close(self) -> None:
         pass
+
+
+class GatedExecutor(RefusingExecutor):
+    """Answers every check with reward 1 once :attr:`gate` opens: holds requests in flight
+    for as long as a test needs (the tenant limiter counts them)."""
+
+    kind = "gated"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = 0
+
+    async def run(self, calls: Sequence[VerifyCall], progress: ProgressCallback | None = None,
+                  on_call_done: Any = None) -> list[CallResult]:
+        self.entered += 1
+        await self.gate.wait()
+        return [CallResult([ItemResult(Outcome.success(1.0), 0.0) for _ in call.samples])
+                for call in calls]

@@ -1,0 +1,243 @@
+"""Scoring jobs: submit a /v1/score body, poll it, stream its finished groups, cancel it.
+
+* ``POST /v1/jobs``: same body as ``/v1/score`` (JSON or msgpack). The body is validated
+  now, with the validators ``/v1/score`` uses: an invalid one is a 422 and no job. The
+  tenant's limiter slot is taken now too (slot id = job id): at ``max_concurrent_jobs`` the
+  answer is 429 with ``Retry-After`` and no job is created. Answers **202** with
+  ``{"id", "state", "links"}`` and a ``Location`` header naming the job.
+
+  ``Idempotency-Key`` (optional header, at most 255 characters, scoped per tenant): a submit
+  with a key this tenant already used returns **200** with the same job (whatever its state,
+  running or finished, until it expires) and starts nothing, so a trainer may retry a submit
+  whose answer it lost. The same key with a *different* body is a **422**
+  (``loc: ["header", "Idempotency-Key"]``, type ``idempotency_key_reused``), following the
+  IETF Idempotency-Key draft: the key is the client's mistake, and retrying will not help.
+  "Same body" means the same validated request (JSON or msgpack, key order and explicit
+  defaults do not matter).
+
+* ``GET /v1/jobs/{id}``: ``{"id", "state", "progress": {"done", "total"}, "created_at",
+  "started_at", "finished_at", "error", "attempts", "result"}``; ``result`` is exactly the
+  ``/v1/score`` response once ``succeeded``, else null. JSON or msgpack per ``Accept``.
+
+* ``GET /v1/jobs/{id}/events``: server-sent events (``text/event-stream``):
+
+  - ``progress`` (no id): ``{"done", "total"}``, when it changed (polled every 0.25 s);
+  - ``group`` (id = sequence number): one per finished group, ``{"group_index",
+    "group_id", "rollouts": [{"rollout_id", "reward", "rewards", "status", "excluded"}],
+    "progress"}``; the values equal those of the final result (advantages come only with
+    the result: estimators may need the whole batch);
+  - a terminal ``succeeded`` / ``failed`` / ``cancelled`` (id = sequence number):
+    ``{"id", "state", "error"}``; then the stream ends. The result itself is fetched with
+    ``GET /v1/jobs/{id}``.
+
+  Reconnect with ``Last-Event-ID`` to get only later events (ids are stored with the job,
+  so this works on any pod). A comment line (``: keep-alive``) goes out after 15 s of
+  silence, so proxies do not cut an idle stream.
+
+* ``DELETE /v1/jobs/{id}``: cancel. Idempotent: always **200** with the job as GET shows it
+  (without ``result``). An active job becomes ``cancelled`` at once (its runner, on
+  whichever pod, stops within about a second); a job that already finished keeps its final
+  state, so the answer says whether the cancel took effect.
+
+Tenant isolation: a job belongs to the tenant whose key submitted it; for every other tenant
+it does not exist (404, the same answer as for an id that never existed), and idempotency
+keys of different tenants never meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import orjson
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
+
+from service.api.bodies import BUSY_RESPONSE, body, responses
+from service.codec import MSGPACK, read_model, render, wants_msgpack
+from service.errors import RequestInvalid, error
+from service.gcpause import gc_paused
+from service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
+from service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
+from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from service.validation import validate_score
+
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
+
+IDEMPOTENCY_KEY_MAX = 255
+STREAM_POLL_S = 0.25
+HEARTBEAT_S = 15.0
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "No such job for this tenant (never existed, "
+          "expired job_ttl_s after it finished, or another tenant's)."}}
+
+
+def _links(job_id: str) -> dict[str, str]:
+    return {"status": f"/v1/jobs/{job_id}", "events": f"/v1/jobs/{job_id}/events"}
+
+
+def _encode(req: ScoreRequest) -> tuple[bytes, str]:
+    """(what the store keeps to re-run the job, digest of the request's meaning)."""
+    with gc_paused():
+        stored = req.model_dump_json(exclude_unset=True).encode()
+        canonical = orjson.dumps(req.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return stored, hashlib.sha256(canonical).hexdigest()
+
+
+def _submitted(request: Request, job: Job, status: int) -> Response:
+    response = render(request, {"id": job.id, "state": job.state, "links": _links(job.id)},
+                      status)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return response
+
+
+def _existing(request: Request, job: Job, digest: str) -> Response:
+    """The answer to a submit whose Idempotency-Key names ``job``."""
+    if job.digest != digest:
+        raise RequestInvalid([error(
+            ("header", "Idempotency-Key"),
+            f"this Idempotency-Key was already used for a different request body (job "
+            f"{job.id}); send a new key with a new body", "idempotency_key_reused")])
+    return _submitted(request, job, 200)
+
+
+async def _own(request: Request, tenant: Tenant, job_id: str) -> Job:
+    job = await request.app.state.jobs.get_for(tenant.name, job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r}")
+    return job
+
+
+@router.post("/jobs", status_code=202, response_model=None, openapi_extra=body(ScoreRequest),
+             summary="Submit a scoring job",
+             responses={**responses(JobSubmitted), **BUSY_RESPONSE,
+                        202: {"model": JobSubmitted, "description": "Job created.",
+                              "headers": {"Location": {"schema": {"type": "string"},
+                                                       "description": "The job's URL."}}}})
+async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
+                 idempotency_key: str | None = Header(
+                     None, alias="Idempotency-Key", min_length=1,
+                     max_length=IDEMPOTENCY_KEY_MAX,
+                     description="Makes a retried submit return the same job (per tenant).")
+                 ) -> Response:
+    """Run a /v1/score body in the background; 202 with the job's id at once (200 with the
+    existing job for a repeated `Idempotency-Key`)."""
+    req = await read_model(request, ScoreRequest)
+    state = request.app.state
+    store: JobStore = state.jobs
+    with gc_paused():
+        validate_score(req, state.settings)  # a 422 now, never a failed job
+    try:
+        stored, digest = await asyncio.to_thread(_encode, req)
+    except Exception as exc:  # e.g. msgpack bytes that JSON cannot carry
+        raise RequestInvalid([error(("body",), f"the body cannot be stored as JSON for a "
+                                    f"job: {exc}")]) from None
+    idempotency = key_digest(idempotency_key) if idempotency_key is not None else None
+    if idempotency is not None:
+        existing = await store.find(tenant.name, idempotency)
+        if existing is not None:
+            return _existing(request, existing, digest)
+    job = Job(id=uuid.uuid4().hex, tenant=tenant.name, tenant_limit=tenant.max_concurrent_jobs,
+              total=sum(len(g.rollouts) for g in req.groups) * len(req.rewards),
+              created_at=time.time(), idempotency=idempotency, digest=digest)
+    await state.limiter.admit(tenant, job.id)  # 429: nothing created
+    runner = state.job_runner
+    try:
+        created = await store.create(job, stored, runner.owner)
+    except BaseException:
+        await state.limiter.release(tenant, job.id)
+        raise
+    if created.id != job.id:  # a concurrent submit with the same key won
+        await state.limiter.release(tenant, job.id)
+        return _existing(request, created, digest)
+    runner.launch(created, req)
+    return _submitted(request, created, 202)
+
+
+@router.get("/jobs/{job_id}", response_model=None, summary="Job state, progress and result",
+            responses={200: {"model": JobStatus, "content": {MSGPACK: {"schema": {
+                "$ref": "#/components/schemas/JobStatus"}}}}, **NOT_FOUND})
+async def status(job_id: str, request: Request,
+                 tenant: Tenant = Depends(current_tenant)) -> Response:
+    """The job's state and progress; `result` is the /v1/score response once succeeded."""
+    job = await _own(request, tenant, job_id)
+    raw = await request.app.state.jobs.result(job.id) if job.state == SUCCEEDED else None
+    view = job.view()
+    if raw is None:
+        return render(request, {**view, "result": None})
+    if wants_msgpack(request):
+        return render(request, {**view, "result": orjson.loads(raw)})
+    # splice the stored bytes in: no decode and re-encode of a large result
+    head = orjson.dumps(view)
+    return Response(head[:-1] + b',"result":' + raw + b"}", media_type="application/json")
+
+
+@router.delete("/jobs/{job_id}", response_model=None, summary="Cancel a job",
+               responses={200: {"model": JobStatus, "description": "The job after the cancel "
+                                "(a finished job keeps its final state); `result` is null."},
+                          **NOT_FOUND})
+async def cancel(job_id: str, request: Request,
+                 tenant: Tenant = Depends(current_tenant)) -> Response:
+    """Cancel an active job (idempotent); answers the job's state afterwards."""
+    job = await _own(request, tenant, job_id)
+    state = request.app.state
+    if job.active:
+        job = await state.jobs.finish(job, "cancelled") or job
+        state.job_runner.cancel(job.id, "cancelled")  # this pod's runner at once; others
+        # notice at their next lease renewal
+    return render(request, {**job.view(), "result": None})
+
+
+def _sse(event_id: int | None, kind: str, data: bytes) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\n".encode() + b"data: " + data + b"\n\n"
+
+
+async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    last_progress: tuple[int, int] | None = None
+    while True:
+        job = await store.get(job_id)  # before the events: a final state read here has its
+        events = await store.events(job_id, after)  # terminal event in this read
+        for event in events:
+            yield _sse(event.seq, event.kind, event.data)
+            after = event.seq
+            quiet_since = loop.time()
+            if event.kind in FINAL:
+                return
+        if job is None or job.state in FINAL:  # expired, or the client saw the end already
+            return
+        if (job.done, job.total) != last_progress:
+            last_progress = (job.done, job.total)
+            yield _sse(None, "progress", orjson.dumps({"done": job.done, "total": job.total}))
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= HEARTBEAT_S:
+            yield b": keep-alive\n\n"
+            quiet_since = loop.time()
+        await asyncio.sleep(STREAM_POLL_S)
+
+
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
+            summary="Stream of progress, finished groups and the end (server-sent events)",
+            responses={200: {"description": "text/event-stream: `progress`, `group` and a "
+                             "terminal `succeeded`/`failed`/`cancelled` event (see the "
+                             "jobs documentation).",
+                             "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                       **NOT_FOUND})
+async def events(job_id: str, request: Request, tenant: Tenant = Depends(current_tenant),
+                 last_event_id: str | None = Header(
+                     None, alias="Last-Event-ID",
+                     description="Resume after this event id (the stream's `id:` lines).")
+                 ) -> StreamingResponse:
+    """Events of the job as they happen; resumable with `Last-Event-ID`."""
+    job = await _own(request, tenant, job_id)
+    after = int(last_event_id) if last_event_id and last_event_id.strip().isdigit() else 0
+    return StreamingResponse(_stream(request.app.state.jobs, job.id, after),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
