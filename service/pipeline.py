@@ -65,12 +65,8 @@ async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
                     progress: ProgressCallback | None = None,
                     on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
     """Run calls on the executor and record each sample's outcome and duration in the
-    metrics. ``on_call_done`` is passed on only when set (executors written before it
-    existed keep working)."""
-    if on_call_done is None:
-        results = await executor.run(calls, progress)
-    else:
-        results = await executor.run(calls, progress, on_call_done)
+    metrics."""
+    results = await executor.run(calls, progress, on_call_done)
     for call, result in zip(calls, results):
         for item in result.items:
             outcome = "ok" if item.outcome.ok else item.outcome.error.value

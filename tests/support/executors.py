@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 from verifiers.base import Outcome
 
-from workers.executor import CallResult, Executor, ItemResult, ProgressCallback, VerifyCall
+from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+                              ProgressCallback, VerifyCall)
 
 
 class RefusingExecutor(Executor):
@@ -19,8 +20,8 @@ class RefusingExecutor(Executor):
     def __init__(self) -> None:
         self.run_calls = 0
 
-    async def run(self, calls: Sequence[VerifyCall],
-                  progress: ProgressCallback | None = None) -> list[CallResult]:
+    async def run(self, calls: Sequence[VerifyCall], progress: ProgressCallback | None = None,
+                  on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
         self.run_calls += 1
         raise AssertionError(f"executor.run called with {len(calls)} calls; no verifier "
                              "should run here")
@@ -47,7 +48,7 @@ class GatedExecutor(RefusingExecutor):
         self.entered = 0
 
     async def run(self, calls: Sequence[VerifyCall], progress: ProgressCallback | None = None,
-                  on_call_done: Any = None) -> list[CallResult]:
+                  on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
         self.entered += 1
         await self.gate.wait()
         return [CallResult([ItemResult(Outcome.success(1.0), 0.0) for _ in call.samples])

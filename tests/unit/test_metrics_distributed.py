@@ -321,30 +321,25 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
         return {}
 
     monkeypatch.setattr(executor, "_publish", publish)
-    before = {
-        "replay": value("rewardd_task_retries_total", queue="cpu", reason="replay"),
-        "lost": value("rewardd_task_retries_total", queue="judges", reason="worker_lost"),
-        "cpu_ok": value("rewardd_tasks_total", queue="cpu", state="success"),
-        "cpu_failed": value("rewardd_tasks_total", queue="cpu", state="failure"),
-        "judges_ok": value("rewardd_tasks_total", queue="judges", state="success"),
-        "math_n": value("rewardd_task_duration_seconds_count", queue="cpu", verifier="math"),
-        "judge_n": value("rewardd_task_duration_seconds_count", queue="judges",
-                         verifier="judge"),
-    }
+
+    def counters() -> dict[str, float]:
+        return {
+            "replay": value("rewardd_task_retries_total", queue="cpu", reason="replay"),
+            "lost": value("rewardd_task_retries_total", queue="judges", reason="worker_lost"),
+            "cpu_ok": value("rewardd_tasks_total", queue="cpu", state="success"),
+            "cpu_failed": value("rewardd_tasks_total", queue="cpu", state="failure"),
+            "judges_ok": value("rewardd_tasks_total", queue="judges", state="success"),
+            "math_n": value("rewardd_task_duration_seconds_count", queue="cpu", verifier="math"),
+            "judge_n": value("rewardd_task_duration_seconds_count", queue="judges",
+                             verifier="judge"),
+        }
+
+    before = counters()
     results = await asyncio.wait_for(executor.run([group, single]), 10)
     assert [r.replayed for r in results] == [True, False]
     assert [i.outcome.reward for r in results for i in r.items] == [1.0, 1.0, 1.0]
     assert len(published) == 4  # group, single, then the group's two samples
-    after = {
-        "replay": value("rewardd_task_retries_total", queue="cpu", reason="replay"),
-        "lost": value("rewardd_task_retries_total", queue="judges", reason="worker_lost"),
-        "cpu_ok": value("rewardd_tasks_total", queue="cpu", state="success"),
-        "cpu_failed": value("rewardd_tasks_total", queue="cpu", state="failure"),
-        "judges_ok": value("rewardd_tasks_total", queue="judges", state="success"),
-        "math_n": value("rewardd_task_duration_seconds_count", queue="cpu", verifier="math"),
-        "judge_n": value("rewardd_task_duration_seconds_count", queue="judges",
-                         verifier="judge"),
-    }
+    after = counters()
     delta = {key: after[key] - before[key] for key in before}
     assert delta == {"replay": 1, "lost": 2, "cpu_ok": 2, "cpu_failed": 1, "judges_ok": 1,
                      "math_n": 3, "judge_n": 1}
