@@ -63,8 +63,10 @@ class Settings(BaseSettings):
         "unnoticed). Groups are split so that no task can outlive it; it must exceed the time "
         "limit of one sample at REWARDD_MAX_VERIFIER_TIMEOUT_S.")
     task_max_samples: int = Field(
-        64, ge=1, description="Most samples of one group sent as one Celery task; larger groups "
-        "(or groups whose limits add up past the visibility timeout) are split.")
+        64, ge=1, description="Most samples one Celery task carries: larger groups (or groups "
+        "whose limits add up past the visibility timeout) are split, and small groups are "
+        "packed together up to it when a batch has many more groups than the workers have "
+        "slots.")
     worker_lost_retries: int = Field(
         1, ge=0, description="Times a call whose worker process died is sent again before it "
         "is reported `crashed` (a group: replayed one sample per call).")

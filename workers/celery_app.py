@@ -1,8 +1,9 @@
 """The Celery application of distributed rewardd: configuration, tasks and time limits.
 
 Used when ``REWARDD_BROKER_URL`` is set: the API (:class:`workers.distributed.CeleryExecutor`)
-publishes one task per verifier call (one group, one reward component) to a queue chosen by
-:mod:`workers.routing`, and ``rewardd worker`` processes run them. Without a broker nothing
+publishes verifier calls (a group through one reward component each) as tasks to a queue
+chosen by :mod:`workers.routing` (big groups split, small ones packed several to a task:
+:mod:`workers.packing`), and ``rewardd worker`` processes run them. Without a broker nothing
 here is imported and the embedded executor runs the same calls in a local process pool.
 
 Task discipline, and why:
@@ -29,8 +30,8 @@ Task discipline, and why:
   :data:`KILL_GRACE_S` later; a timed-out task is acknowledged, never redelivered: it would
   time out again.
 * **Visibility timeout longer than any task.** Otherwise the broker would hand a call that is
-  still running to a second worker. The executor splits a group into tasks whose time limit
-  fits inside ``REWARDD_VISIBILITY_TIMEOUT_S`` (see :func:`max_samples_per_task`), so the bound
+  still running to a second worker. The executor splits groups into (and packs them as)
+  tasks whose time limit fits inside ``REWARDD_VISIBILITY_TIMEOUT_S`` (see :func:`max_samples_per_task`), so the bound
   holds for any group size and any request timeout.
 * **Results expire.** Every stored result has a TTL (``REWARDD_RESULT_TTL_S``) and the
   executor deletes each result as soon as it has read it, so Redis never accumulates them.
@@ -53,17 +54,21 @@ from urllib.parse import urlsplit, urlunsplit
 from celery import Celery
 from celery.backends.redis import RedisBackend
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.control import inspect_command
 from kombu import Exchange, Queue
 
 from service.settings import Settings
-from verifiers.base import Sample
 from workers.deadline import can_arm
-from workers.executor import VerifyCall
+from workers.executor import VerifyCall, hard_limit_for
+from workers.packing import Pack
 from workers.routing import DEFAULT_QUEUE, Router
-from workers.tasks import ping_task, verify_group_task
+from workers.tasks import ping_task, verify_groups_task
 
-VERIFY_TASK = "rewardd.verify_group"
+VERIFY_TASK = "rewardd.verify_groups"
+"""Named for its arguments: a worker of a release that took one group per task rejects these
+messages as an unknown task instead of misreading them."""
 PING_TASK = "rewardd.ping"
+CENSUS_COMMAND = "rewardd_census"
 
 KILL_GRACE_S = 0.5
 """Celery's hard time limit (the child is killed) comes this long after its soft limit
@@ -82,7 +87,7 @@ PUBLISH_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.0, "interval_step"
 reported ``unavailable``: a training step should hear that the broker is down, not hang."""
 
 
-def task_time_limits(call: VerifyCall) -> tuple[float, float]:
+def task_time_limits(call: VerifyCall | Pack) -> tuple[float, float]:
     """(soft, hard) Celery time limits of ``call``'s task, both from its hard limit."""
     soft = call.hard_limit_s()
     return soft, soft + KILL_GRACE_S
@@ -91,8 +96,7 @@ def task_time_limits(call: VerifyCall) -> tuple[float, float]:
 def longest_task_s(samples: int, timeout_s: float) -> float:
     """Hard time limit of a task of ``samples`` samples at ``timeout_s`` each, plus the
     visibility margin: how long its message may stay unacknowledged."""
-    shape = VerifyCall("", (Sample(""),) * samples, {}, {}, timeout_s)
-    return task_time_limits(shape)[1] + VISIBILITY_MARGIN_S
+    return hard_limit_for(samples, timeout_s) + KILL_GRACE_S + VISIBILITY_MARGIN_S
 
 
 def max_samples_per_task(timeout_s: float, settings: Settings) -> int:
@@ -166,10 +170,9 @@ def _restore_interval(visibility_timeout_s: float) -> int:
 
 # ---- tasks: thin wrappers over workers.tasks, the functions the embedded pool runs too ----
 
-def verify_group(verifier: str, samples: Sequence[Mapping[str, Any]],
-                 reference: Mapping[str, Any], params: Mapping[str, Any],
-                 timeout_s: float) -> list[dict[str, Any]]:
-    """Celery task body: :func:`workers.tasks.verify_group_task`, unchanged.
+def verify_groups(verifier: str, groups: Sequence[Any], params: Mapping[str, Any],
+                  timeout_s: float) -> list[dict[str, Any]]:
+    """Celery task body: :func:`workers.tasks.verify_groups_task`, unchanged.
 
     One guard only: Celery's soft time limit raises SoftTimeLimitExceeded, an Exception, so
     :func:`verifiers.base.run_verifier` would turn it into an ``error`` cell of whichever
@@ -177,7 +180,7 @@ def verify_group(verifier: str, samples: Sequence[Mapping[str, Any]],
     group sample by sample, and a single sample becomes ``timeout``), as a kill at the hard
     limit does in the embedded pool.
     """
-    items = verify_group_task(verifier, samples, reference, params, timeout_s)
+    items = verify_groups_task(verifier, groups, params, timeout_s)
     for item in items:
         detail = item["outcome"].get("detail") or {}
         if item["outcome"].get("error") == "error" and \
@@ -238,6 +241,17 @@ def ping() -> dict[str, Any]:
     """Readiness round trip. Also says whether this worker's tasks can arm the per-sample
     soft deadline (they run in the child's main thread under the prefork pool)."""
     return {"pong": ping_task(), "soft_deadline": can_arm(), "pid": os.getpid()}
+
+
+@inspect_command(name=CENSUS_COMMAND)
+def rewardd_census(state: Any) -> dict[str, Any]:
+    """Remote inspect command: the queues this worker consumes and its pool size, in one
+    reply. The API's census is then one broadcast; asking Celery's ``active_queues`` and
+    ``stats`` one after the other was two, and the second often missed its reply window."""
+    consumer = state.consumer
+    queues = [queue.name for queue in consumer.task_consumer.queues] \
+        if consumer.task_consumer else []
+    return {"queues": queues, "slots": getattr(consumer.pool, "limit", None)}
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -302,11 +316,10 @@ def create_celery(settings: Settings) -> Celery:
     # about 0.4 ms per task to render for a log line nobody reads at info level.
     @app.task(name=VERIFY_TASK, bind=True, shared=False, autoretry_for=(), max_retries=0,
               Request="workers.celery_app:RewarddRequest", resultrepr_maxsize=64)
-    def verify(task: Any, verifier: str, samples: Sequence[Mapping[str, Any]],
-               reference: Mapping[str, Any], params: Mapping[str, Any],
+    def verify(task: Any, verifier: str, groups: Sequence[Any], params: Mapping[str, Any],
                timeout_s: float) -> list[dict[str, Any]]:
         guard_redelivery(task, retries, ttl_s)
-        return verify_group(verifier, samples, reference, params, timeout_s)
+        return verify_groups(verifier, groups, params, timeout_s)
 
     app.task(name=PING_TASK, shared=False, max_retries=0)(ping)
     return app

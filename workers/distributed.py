@@ -1,9 +1,11 @@
 """The Celery executor: verifier calls on ``rewardd worker`` processes, through Redis.
 
-Same contract as :class:`workers.embedded.EmbeddedExecutor`: one task per call (a group's
-samples through one verifier), results in the order of the calls, every failure a typed
-outcome, and a group whose task fails as a whole replayed one sample per call so that only
-the culprit fails. The delivery guarantees are the Celery app's (:mod:`workers.celery_app`).
+Same contract as :class:`workers.embedded.EmbeddedExecutor`: results in the order of the
+calls, every failure a typed outcome, and a task that fails as a whole replayed one sample
+per task so that only the culprit fails. A call (a group's samples through one verifier) is
+one task, several tasks when it is too big for one, or shares a task with other small
+groups when the batch has far more groups than the workers have slots
+(:mod:`workers.packing`: a task's fixed cost is several milliseconds of CPU). The delivery guarantees are the Celery app's (:mod:`workers.celery_app`).
 
 How results are awaited without blocking the event loop: one poller coroutine per executor
 asks Redis for every pending result key with a single MGET per tick, in a thread of its own
@@ -41,11 +43,12 @@ from kombu.exceptions import OperationalError
 from service import metrics
 from service.settings import Settings
 from verifiers.base import FailureKind, Outcome
-from workers.celery_app import (PING_TASK, VERIFY_TASK, CallAbandoned, create_celery,
+from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned, create_celery,
                                 deliveries_key, max_samples_per_task, parse_exitcode,
                                 redact_url, task_time_limits)
 from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall)
+from workers.packing import Pack, pack_target, plan
 from workers.routing import DEFAULT_QUEUE, Router
 
 log = logging.getLogger(__name__)
@@ -68,8 +71,9 @@ still be running: queue timeout (its message expires then) plus its hard time li
 
 CENSUS_TIMEOUT_S = 0.5
 CENSUS_EVERY_S = 10.0
-"""The worker census (for /readyz) is one broadcast that collects replies for
-CENSUS_TIMEOUT_S, taken in the background at most every CENSUS_EVERY_S."""
+"""The worker census (for /readyz, the worker metrics and packing) is one broadcast that
+collects replies for CENSUS_TIMEOUT_S, taken in the background at most every
+CENSUS_EVERY_S."""
 
 MGET_CHUNK = 1000
 
@@ -152,8 +156,10 @@ class CeleryExecutor(Executor):
       (``queue_timeout_s``) or no result by its deadline: ``unavailable``, not replayed.
 
     A group larger than :func:`~workers.celery_app.max_samples_per_task` is sent as several
-    tasks (chunks), so no task outlives the broker's visibility timeout; chunks are replayed
-    independently and their items concatenated in order.
+    tasks, so no task outlives the broker's visibility timeout, and small groups of one
+    verifier share tasks when the batch would otherwise be many tasks per worker slot
+    (:mod:`workers.packing`); each task is replayed on its own and its items go back to
+    their calls in order.
     """
 
     kind = "celery"
@@ -184,40 +190,36 @@ class CeleryExecutor(Executor):
     async def run(self, calls: Sequence[VerifyCall],
                   progress: ProgressCallback | None = None,
                   on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
-        """Publish every call (as tasks of at most :func:`max_samples_per_task` samples) and
-        settle each task as its result arrives: by a callback, not a coroutine per call, so a
-        batch of thousands of groups costs the loop no more than the results themselves. A
-        task that failed as a whole is replayed one sample per task at once.
+        """Publish every call as tasks (:meth:`_plan`: big groups split, small ones packed)
+        and settle each task as its result arrives: by a callback, not a coroutine per task,
+        so a batch of thousands of groups costs the loop no more than the results themselves.
+        A task that failed as a whole is replayed one sample per task at once.
 
         Cancelled (a cancelled job): the calls' waiters are dropped at once and their tasks
         revoked (:meth:`_abandon`), so workers skip those still queued; running ones finish
         and their results expire unread (REWARDD_RESULT_TTL_S)."""
         loop = asyncio.get_running_loop()
-        chunked = [self._split(call) for call in calls]
-        tasks = [chunk for chunks in chunked for chunk in chunks]
-        items: list[list[ItemResult]] = [[] for _ in tasks]
-        replayed = [False] * len(tasks)
-        remaining = len(tasks)
+        packs = self._plan(calls)
+        items: list[list[ItemResult | None]] = [[None] * len(call.samples) for call in calls]
+        samples_left = [len(call.samples) for call in calls]
+        replayed = [False] * len(calls)
+        remaining = len(packs)
         all_done: asyncio.Future = loop.create_future()
         replays: set[asyncio.Task] = set()
-        call_of = [ci for ci, chunks in enumerate(chunked) for _ in chunks]
-        first_chunk = [0] * len(chunked)
-        for ci in range(1, len(chunked)):
-            first_chunk[ci] = first_chunk[ci - 1] + len(chunked[ci - 1])
-        chunks_left = [len(chunks) for chunks in chunked]
 
         def finish(index: int, result: list[ItemResult]) -> None:
             nonlocal remaining
-            items[index] = result
+            position = 0
+            for part in packs[index].parts:
+                n = len(part.call.samples)
+                ci = part.call_index
+                items[ci][part.offset:part.offset + n] = result[position:position + n]
+                position += n
+                samples_left[ci] -= n
+                if samples_left[ci] == 0 and on_call_done is not None:
+                    on_call_done(ci, CallResult(items[ci], replayed[ci]))
             if progress is not None:
-                progress(len(tasks[index].samples))
-            if on_call_done is not None:
-                ci = call_of[index]
-                chunks_left[ci] -= 1
-                if chunks_left[ci] == 0:
-                    parts = range(first_chunk[ci], first_chunk[ci] + len(chunked[ci]))
-                    on_call_done(ci, CallResult([item for i in parts for item in items[i]],
-                                                any(replayed[i] for i in parts)))
+                progress(len(packs[index].samples))
             remaining -= 1
             if remaining == 0 and not all_done.done():
                 all_done.set_result(None)
@@ -229,7 +231,7 @@ class CeleryExecutor(Executor):
                 return
             error = task.exception()
             finish(index, task.result() if error is None else _all_failed(
-                tasks[index], _unavailable(f"{type(error).__name__}: {error}"), 0.0))
+                packs[index], _unavailable(f"{type(error).__name__}: {error}"), 0.0))
 
         def settled(index: int, future: asyncio.Future) -> None:
             if future.cancelled():
@@ -238,18 +240,19 @@ class CeleryExecutor(Executor):
             if result is not None:
                 finish(index, result)
                 return
-            replayed[index] = True  # the task failed as a whole: every sample on its own
-            metrics.TASK_RETRIES.labels(self.router.queue_for(tasks[index].verifier),
+            for part in packs[index].parts:  # failed as a whole: every sample on its own
+                replayed[part.call_index] = True
+            metrics.TASK_RETRIES.labels(self.router.queue_for(packs[index].verifier),
                                         "replay").inc()
-            task = loop.create_task(self._replay(tasks[index]))
+            task = loop.create_task(self._replay(packs[index]))
             replays.add(task)
             task.add_done_callback(functools.partial(replay_done, index))
 
-        futures = await self._submit(tasks)
+        futures = await self._submit(packs)
         for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(settled, index))
         try:
-            if tasks:
+            if packs:
                 await all_done
         except asyncio.CancelledError:
             for future in futures:
@@ -258,36 +261,44 @@ class CeleryExecutor(Executor):
                 task.cancel()
             self._abandon()
             raise
-        results, index = [], 0
-        for chunks in chunked:
-            parts = range(index, index + len(chunks))
-            index += len(chunks)
-            results.append(CallResult([item for i in parts for item in items[i]],
-                                      any(replayed[i] for i in parts)))
-        return results
+        return [CallResult(call_items, was_replayed)  # type: ignore[arg-type]
+                for call_items, was_replayed in zip(items, replayed)]
 
-    async def _replay(self, chunk: VerifyCall) -> list[ItemResult]:
-        """Every sample of ``chunk`` as its own task (never replayed again)."""
-        singles = await self._submit([chunk.one(i) for i in range(len(chunk.samples))])
+    def _plan(self, calls: Sequence[VerifyCall]) -> list[Pack]:
+        """The tasks of a batch (:func:`workers.packing.plan`): each verifier's samples
+        packed to about :data:`~workers.packing.TASKS_PER_SLOT` tasks per worker slot of its
+        queue, from the last worker census (no packing before the first one)."""
+        self._census_soon()
+        slots = self.slots_by_queue()
+        targets: dict[str, int] = {}
+        if slots:
+            totals: dict[str, int] = {}
+            for call in calls:
+                totals[call.verifier] = totals.get(call.verifier, 0) + len(call.samples)
+            for verifier, total in totals.items():
+                targets[verifier] = pack_target(total, slots.get(self.router.queue_for(verifier)),
+                                                self.settings.task_max_samples)
+        return plan(calls, self._max_samples, targets)
+
+    async def _replay(self, pack: Pack) -> list[ItemResult]:
+        """Every sample of ``pack`` as its own task (never replayed again)."""
+        singles = await self._submit([pack.one(i) for i in range(len(pack.samples))])
         return [single[0] for single in await asyncio.gather(*singles)]
 
-    def _split(self, call: VerifyCall) -> list[VerifyCall]:
-        """The call as tasks of at most :func:`max_samples_per_task` samples each."""
-        size = self._chunk_sizes.get(call.timeout_s)
+    def _max_samples(self, timeout_s: float) -> int:
+        """:func:`max_samples_per_task`, remembered per timeout."""
+        size = self._chunk_sizes.get(timeout_s)
         if size is None:
-            size = self._chunk_sizes[call.timeout_s] = max_samples_per_task(call.timeout_s,
-                                                                            self.settings)
-        if len(call.samples) <= size:
-            return [call]
-        return [replace(call, samples=call.samples[i:i + size])
-                for i in range(0, len(call.samples), size)]
+            size = self._chunk_sizes[timeout_s] = max_samples_per_task(timeout_s,
+                                                                       self.settings)
+        return size
 
-    async def _submit(self, calls: Sequence[VerifyCall]) -> list[asyncio.Future]:
-        """Publish the calls (one batch, off the event loop); each future gives one
-        ItemResult per sample, or None when a call of several samples must be replayed."""
+    async def _submit(self, calls: Sequence[Pack]) -> list[asyncio.Future]:
+        """Publish the tasks (one batch, off the event loop); each future gives one
+        ItemResult per sample, or None when a task of several samples must be replayed."""
         loop = self._bind_loop()
         futures: list[asyncio.Future] = []
-        jobs: list[tuple[str, VerifyCall, asyncio.Future]] = []
+        jobs: list[tuple[str, Pack, asyncio.Future]] = []
         for call in calls:
             fut = loop.create_future()
             futures.append(fut)
@@ -331,7 +342,7 @@ class CeleryExecutor(Executor):
                             _mapper(call, started, limit), queue, call.verifier, sent)
         return futures
 
-    def _publish(self, jobs: list[tuple[str, VerifyCall]]) -> dict[str, Exception]:
+    def _publish(self, jobs: list[tuple[str, Pack]]) -> dict[str, Exception]:
         """In an I/O thread: one task per call on one producer connection, sent in Redis
         pipelines of :data:`PIPELINE_SIZE` messages (kombu's publish batches). Returns the
         calls that could not be sent. Once the broker is unreachable (after the publish
@@ -346,7 +357,7 @@ class CeleryExecutor(Executor):
                 batch = getattr(producer, "batch", None)  # kombu >= 5.7
                 for start in range(0, len(jobs), PIPELINE_SIZE):
                     part = jobs[start:start + PIPELINE_SIZE]
-                    buffered: list[tuple[str, VerifyCall]] = []
+                    buffered: list[tuple[str, Pack]] = []
                     down: Exception | None = None
                     try:
                         with (batch(max_size=len(part) + 1) if batch is not None
@@ -363,9 +374,9 @@ class CeleryExecutor(Executor):
             errors.update((tid, exc) for tid, _ in jobs if tid not in errors)
         return errors
 
-    def _send_each(self, producer: Any, jobs: list[tuple[str, VerifyCall]],
+    def _send_each(self, producer: Any, jobs: list[tuple[str, Pack]],
                    errors: dict[str, Exception],
-                   sent: list[tuple[str, VerifyCall]]) -> Exception | None:
+                   sent: list[tuple[str, Pack]]) -> Exception | None:
         """Publish (or, inside a publish batch, buffer) each job; failed calls go to
         ``errors``, the others to ``sent``. Stops at a broker connection error (after
         Celery's publish retries), marks the rest failed and returns that error."""
@@ -588,17 +599,30 @@ class CeleryExecutor(Executor):
         return dict(self._census or {})
 
     def _take_census(self) -> None:
-        """In an I/O thread: which workers answer a broadcast, and the queues each consumes."""
+        """In an I/O thread: which workers answer a broadcast, the queues each consumes and
+        its pool size (:func:`workers.celery_app.rewardd_census`), summed per queue."""
         try:
-            replies = self.app.control.inspect(timeout=CENSUS_TIMEOUT_S).active_queues() or {}
+            replies = []
+            for _ in range(2):  # a broadcast right after another sometimes hears nothing
+                replies = self.app.control.broadcast(CENSUS_COMMAND, reply=True,
+                                                     timeout=CENSUS_TIMEOUT_S) or []
+                if replies:
+                    break
         except Exception as exc:
             self._census = {"workers": None, "error": f"{type(exc).__name__}: {exc}"}
         else:
+            workers = {name: answer for reply in replies for name, answer in reply.items()
+                       if isinstance(answer, dict)}
             by_queue: dict[str, int] = {}
-            for queues in replies.values():
-                for queue in queues or []:
-                    by_queue[queue["name"]] = by_queue.get(queue["name"], 0) + 1
-            self._census = {"workers": len(replies), "workers_by_queue": by_queue}
+            slots: dict[str, int] = {}
+            for answer in workers.values():
+                size = answer.get("slots")
+                for queue in answer.get("queues") or []:
+                    by_queue[queue] = by_queue.get(queue, 0) + 1
+                    if isinstance(size, int) and size > 0:
+                        slots[queue] = slots.get(queue, 0) + size
+            self._census = {"workers": len(workers), "workers_by_queue": by_queue,
+                            "slots_by_queue": slots}
         self._census_at = time.monotonic()
 
     # ---- scrape-time metrics (service.metrics.ScrapeCollector, in the scrape's thread) ----
@@ -614,6 +638,12 @@ class CeleryExecutor(Executor):
         counts = dict.fromkeys(self.router.queues, 0)
         counts.update(census.get("workers_by_queue") or {})
         return counts
+
+    def slots_by_queue(self) -> dict[str, int]:
+        """Worker slots (pool processes) consuming each queue at the last census; empty
+        before the first successful one (then nothing is packed)."""
+        census = self._census
+        return dict(census.get("slots_by_queue") or {}) if census else {}
 
     def queue_depths(self) -> dict[str, int] | None:
         """Messages waiting in each routed queue: with the Redis transport a queue is a
@@ -701,17 +731,17 @@ def _unavailable(message: str) -> Outcome:
     return Outcome.failure(FailureKind.unavailable, message)
 
 
-def _all_failed(call: VerifyCall, outcome: Outcome, elapsed_s: float) -> list[ItemResult]:
+def _all_failed(call: Pack, outcome: Outcome, elapsed_s: float) -> list[ItemResult]:
     return [ItemResult(outcome, elapsed_s) for _ in call.samples]
 
 
-def _mapper(call: VerifyCall, started: float, limit_s: float) -> Callable[[Any], Any]:
+def _mapper(call: Pack, started: float, limit_s: float) -> Callable[[Any], Any]:
     def transform(meta: Any) -> list[ItemResult] | None:
         return to_items(meta, call, time.monotonic() - started, limit_s)
     return transform
 
 
-def to_items(meta: Any, call: VerifyCall, waited_s: float,
+def to_items(meta: Any, call: Pack, waited_s: float,
              limit_s: float) -> list[ItemResult] | None:
     """Map a stored Celery result (or a marker) to one typed outcome per sample; never
     raises. None when a call of several samples must be replayed sample by sample (its task

@@ -34,6 +34,13 @@ HARD_SLACK_PER_EXTRA_SAMPLE_S = 0.02
 by the alarm's latency (microseconds to milliseconds), which adds up over a long group."""
 
 
+def hard_limit_for(samples: int, timeout_s: float) -> float:
+    """Wall-clock limit of a call (or task) of ``samples`` checks at ``timeout_s`` each: all
+    of them at their full limit, plus :data:`HARD_MARGIN_S` and a little per extra sample."""
+    return (timeout_s * samples + HARD_MARGIN_S
+            + HARD_SLACK_PER_EXTRA_SAMPLE_S * max(samples - 1, 0))
+
+
 @dataclass(frozen=True, slots=True)
 class VerifyCall:
     """One verifier over the samples of one group: plain data, so it can cross a process
@@ -63,9 +70,7 @@ class VerifyCall:
         use its full limit, plus :data:`HARD_MARGIN_S` and a little per extra sample. For one
         sample it is ``timeout_s + 0.1``.
         """
-        extra = max(len(self.samples) - 1, 0)
-        return (self.timeout_s * len(self.samples) + HARD_MARGIN_S
-                + HARD_SLACK_PER_EXTRA_SAMPLE_S * extra)
+        return hard_limit_for(len(self.samples), self.timeout_s)
 
     def one(self, index: int) -> VerifyCall:
         """The call for sample ``index`` alone (to replay a group that was killed)."""

@@ -30,6 +30,17 @@ def verify_group_task(verifier: str, samples: Sequence[Mapping[str, Any]],
     return [check(impl, Sample(**sample), reference, params, timeout_s) for sample in samples]
 
 
+def verify_groups_task(verifier: str,
+                       groups: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, Any]]],
+                       params: Mapping[str, Any], timeout_s: float) -> list[dict[str, Any]]:
+    """:func:`verify_group_task` over several ``(samples, reference)`` groups of one verifier,
+    one after the other, as one flat list of items: a Celery task that carries a pack of
+    small groups (:mod:`workers.packing`)."""
+    impl = get_verifier(verifier)
+    return [check(impl, Sample(**sample), reference, params, timeout_s)
+            for samples, reference in groups for sample in samples]
+
+
 def check(impl: Verifier, sample: Sample, reference: Mapping[str, Any],
           params: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """One sample under a soft deadline, as plain data; never raises for the sample's sake."""

@@ -148,6 +148,49 @@ async def test_groups_beyond_the_task_size_are_split_and_reassembled(workers: An
     assert sorted(seen) == [1, 1, 3, 3, 3, 3, 3]  # per task of three (or the rest)
 
 
+async def test_small_groups_share_tasks_when_they_outnumber_the_worker_slots(
+        workers: Any) -> None:
+    """40 groups of two on 4 worker slots: packed to about 4 tasks per slot (6 samples, three
+    groups a task), each group checked against its own items; a crash in a pack replays that
+    pack's samples one by one, so only the culprit fails and only its pack is replayed."""
+    executor = CeleryExecutor(SETTINGS)
+    try:
+        census = await executor.census()
+        assert census["slots_by_queue"]["cpu"] == 4  # two workers of two children
+        calls = [group_call("test_crash", [str(2 * g), str(2 * g + 1)], 5.0, when=["13"])
+                 for g in range(40)]
+        seen: list[int] = []
+        done: list[tuple[int, CallResult]] = []
+        results = await executor.run(calls, progress=seen.append,
+                                     on_call_done=lambda i, r: done.append((i, r)))
+    finally:
+        executor.close()
+    assert sorted(seen) == [2] + [6] * 13  # 13 tasks of three groups, one of the last group
+    for g, result in enumerate(results):
+        expected = [float(2 * g), float(2 * g + 1)]
+        if g == 6:
+            assert [item.outcome.reward for item in result.items] == [12.0, None]
+            assert result.items[1].outcome.error.value == "crashed"
+        else:
+            assert [item.outcome.reward for item in result.items] == expected, g
+        assert result.replayed == (g in (6, 7, 8)), g  # groups 6..8 shared the crashed task
+    assert sorted(i for i, _ in done) == list(range(40))
+    assert all(result == results[i] for i, result in done)
+
+
+async def test_without_a_census_nothing_is_packed(workers: Any) -> None:
+    executor = CeleryExecutor(SETTINGS)
+    try:
+        seen: list[int] = []
+        results = await executor.run(
+            [group_call("test_echo", [str(g), str(g)], 2.0) for g in range(40)],
+            progress=seen.append)
+    finally:
+        executor.close()
+    assert seen == [2] * 40
+    assert [r.items[0].outcome.reward for r in results] == [float(g) for g in range(40)]
+
+
 async def test_no_result_is_left_in_redis(celery: CeleryExecutor, redis_db: redis.Redis) -> None:
     """Results are deleted as they are read. The one exception: Celery stores a hard time
     limit twice, and the second copy may land after the delete; the executor deletes it

@@ -33,7 +33,8 @@ async def test_ready_only_once_a_worker_answers(fleet_for: Any, redis_db: redis.
         while not await executor.ready(wait_s=2.0):
             assert time.monotonic() < deadline, worker.output()
         census = await executor.census()
-        assert census == {"workers": 1, "workers_by_queue": {"cpu": 1}}
+        assert census == {"workers": 1, "workers_by_queue": {"cpu": 1},
+                          "slots_by_queue": {"cpu": 1}}
         body = executor.describe()
         assert body["kind"] == "celery" and body["broker"] == BROKER_URL
         assert body["workers"] == 1 and body["queues"] == ["cpu", "sandbox", "gpu"]

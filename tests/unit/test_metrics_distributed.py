@@ -23,6 +23,7 @@ from tests.support.server import REPO_ROOT, child_env
 from verifiers.base import Sample
 from workers.distributed import CeleryExecutor, _Waiter
 from workers.executor import VerifyCall
+from workers.packing import Pack
 
 
 def parse(text: str | bytes) -> dict[tuple[str, frozenset], float]:
@@ -305,11 +306,12 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
     monkeypatch.setattr("workers.distributed.POLL_MIN_S", 0.001)
     group = VerifyCall("math", (Sample("a"), Sample("b")), {"answer": "1"}, {}, 1.0)
     single = VerifyCall("judge", (Sample("c"),), {}, {}, 1.0)
-    published: list[tuple[str, VerifyCall]] = []
+    published: list[tuple[str, Pack]] = []
 
-    def publish(jobs: list[tuple[str, VerifyCall]]) -> dict[str, Exception]:
-        for task_id, call in jobs:
-            published.append((task_id, call))
+    def publish(jobs: list[tuple[str, Pack]]) -> dict[str, Exception]:
+        for task_id, pack in jobs:
+            published.append((task_id, pack))
+            call = pack.parts[0].call
             key = f"celery-task-meta-{task_id}"
             if call is group:  # the group task dies as a whole
                 client.values[key] = meta("FAILURE", {"exc_type": "TimeLimitExceeded",
