@@ -89,6 +89,44 @@ def observe_verifier(verifier: str, outcome: str, seconds: float) -> None:
     VERIFIER_OUTCOMES.labels(verifier, outcome).inc()
 
 
+JUDGE_CALLS = Counter("rewardd_judge_calls_total",
+                      "Judge requests by verifier, backend, model and result (answered, cached, "
+                      "failed), counted when the verifier's result reaches the API.",
+                      ["verifier", "backend", "model", "result"])
+JUDGE_RETRIES = Counter("rewardd_judge_retries_total",
+                        "Judge request retries (429, 5xx, timeouts) by backend.",
+                        ["verifier", "backend", "model"])
+JUDGE_TOKENS = Counter("rewardd_judge_tokens_total", "Judge tokens by kind (prompt, completion).",
+                       ["verifier", "backend", "model", "kind"])
+JUDGE_COST = Counter("rewardd_judge_cost_usd_total",
+                     "Judge cost in USD, from the backend's configured prices.",
+                     ["verifier", "backend", "model"])
+
+
+def observe_judge_usage(verifier: str, usage: Mapping[str, Any]) -> None:
+    """Count one outcome's judge usage (``detail["judge"]``). A group-level verifier whose
+    calls served the whole group reports the group's usage in each of its ``shared_by``
+    outcomes; each counts its share. Never raises: metrics never break a response."""
+    try:
+        share = 1.0 / max(int(usage.get("shared_by") or 1), 1)
+        labels = (verifier, str(usage.get("backend", "")), str(usage.get("model", "")))
+        calls, cached, failed = (int(usage.get(k) or 0) for k in ("calls", "cached", "failed"))
+        for result, count in (("answered", calls - cached - failed), ("cached", cached),
+                              ("failed", failed)):
+            if count > 0:
+                JUDGE_CALLS.labels(*labels, result).inc(count * share)
+        if usage.get("retries"):
+            JUDGE_RETRIES.labels(*labels).inc(int(usage["retries"]) * share)
+        for kind in ("prompt", "completion"):
+            tokens = int(usage.get(f"{kind}_tokens") or 0)
+            if tokens:
+                JUDGE_TOKENS.labels(*labels, kind).inc(tokens * share)
+        if usage.get("cost_usd"):
+            JUDGE_COST.labels(*labels).inc(float(usage["cost_usd"]) * share)
+    except Exception:
+        log.debug("could not record judge usage", exc_info=True)
+
+
 def observe_batch(summary: dict[str, Any]) -> None:
     """Record one scored batch from its response summary."""
     ROLLOUTS_SCORED.inc(summary["rollouts"])

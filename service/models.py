@@ -180,6 +180,10 @@ class ScoreRequest(Contract):
     """Body of POST /v1/score and POST /v1/jobs: verify every rollout, then advantages."""
 
     run_id: Name | None = Field(None, description="Training run, for run state and metrics.")
+    step: int | None = Field(None, ge=0, description="Training step of this batch: rubric "
+                             "dropout draws a new subset of criteria per step.")
+    evaluation: bool = Field(False, description="An evaluation batch: judges grade the full "
+                             "rubric (no rubric dropout).")
     groups: list[Group] = Field(min_length=1, description="Rollout groups, one per prompt.")
     rewards: list[RewardSpec] = Field(min_length=1, description="Reward components to compute.")
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
@@ -189,6 +193,8 @@ class RewardsRequest(Contract):
     """Body of POST /v1/rewards: verify every rollout, no advantages."""
 
     run_id: Name | None = None
+    step: int | None = Field(None, ge=0, description="Training step (rubric dropout).")
+    evaluation: bool = Field(False, description="An evaluation batch (no rubric dropout).")
     groups: list[Group] = Field(min_length=1)
     rewards: list[RewardSpec] = Field(min_length=1)
 

@@ -7,6 +7,7 @@ scored offline and a batch scored over HTTP give the same bytes.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from service import metrics
@@ -20,7 +21,7 @@ from service.table import Column, FlatBatch, combine, precomputed_columns, verif
 from service.validation import resolved_num_tokens, validate_advantages, validate_score
 from verifiers.base import Outcome, Sample
 from workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
-                              VerifyCall)
+                              VerifyCall, keeps_group_whole)
 
 GroupCallback = Callable[[int, list[CallResult]], None]
 """Called once per group, in the event loop, with the group's index in the request and the
@@ -35,18 +36,40 @@ def call_timeout(requested_s: float | None, settings: Settings) -> float:
     return min(requested_s or settings.verifier_timeout_s, settings.max_verifier_timeout_s)
 
 
-def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings) -> list[VerifyCall]:
+def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings,
+         batch: BatchContext | None = None) -> list[VerifyCall]:
     """One call per (group, component), group-major, with the group's samples in rollout
-    order: a worker checks a whole group at once (see :class:`VerifyCall`)."""
+    order: a worker checks a whole group at once (see :class:`VerifyCall`). Calls of
+    group-level verifiers carry the group's context (run, group, step, evaluation)."""
+    batch = batch or BatchContext()
+    whole = {spec.verifier: keeps_group_whole(spec.verifier) for spec in specs}
     samples: list[list[Sample]] = [[] for _ in flat.groups]
     for rollout, gi in zip(flat.rollouts, flat.group_of):
         samples[gi].append(Sample(completion=rollout.completion or "",
                                   prompt=flat.groups[gi].prompt,
                                   num_tokens=resolved_num_tokens(rollout)))
     return [VerifyCall(spec.verifier, tuple(group_samples), group.reference, spec.params,
-                       call_timeout(spec.timeout_s, settings))
+                       call_timeout(spec.timeout_s, settings),
+                       batch.for_group(group.group_id) if whole[spec.verifier] else None)
             for group, group_samples in zip(flat.groups, samples) if group_samples
             for spec in specs]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchContext:
+    """What group-level verifiers may know of the request (see GroupContext)."""
+
+    run_id: str | None = None
+    step: int | None = None
+    evaluation: bool = False
+
+    @classmethod
+    def of(cls, req: ScoreRequest | RewardsRequest) -> BatchContext:
+        return cls(req.run_id, req.step, req.evaluation)
+
+    def for_group(self, group_id: str) -> dict[str, Any]:
+        return {"run_id": self.run_id, "group_id": group_id, "step": self.step,
+                "evaluation": self.evaluation}
 
 
 def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
@@ -71,15 +94,19 @@ async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
         for item in result.items:
             outcome = "ok" if item.outcome.ok else item.outcome.error.value
             metrics.observe_verifier(call.verifier, outcome, item.elapsed_s)
+            judge = item.outcome.detail.get("judge")
+            if isinstance(judge, dict):
+                metrics.observe_judge_usage(call.verifier, judge)
     return results
 
 
 async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
                         settings: Settings, progress: ProgressCallback | None,
-                        on_group: GroupCallback | None = None) -> list[Column]:
+                        on_group: GroupCallback | None = None,
+                        batch: BatchContext | None = None) -> list[Column]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
     component) as their groups finish; ``on_group`` hears of each finished group."""
-    calls = plan(flat, specs, settings)
+    calls = plan(flat, specs, settings, batch)
     hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
     results = await run_calls(calls, executor, progress, hook)
     return verifier_columns(specs, rollout_major(calls, results, len(specs)))
@@ -126,7 +153,8 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
     with gc_paused():
         validate_score(req, settings)
         flat = FlatBatch.of(req.groups)
-    columns = await run_verifiers(flat, req.rewards, executor, settings, progress, on_group)
+    columns = await run_verifiers(flat, req.rewards, executor, settings, progress, on_group,
+                                  BatchContext.of(req))
 
     def finish() -> dict[str, Any]:
         with gc_paused():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,14 @@ class FailureKind(str, enum.Enum):
     """The executor could not run the call (shutting down, pool broken)."""
     missing = "missing"
     """A precomputed component had no value for this rollout (null or absent)."""
+    judge_unparseable = "judge_unparseable"
+    """A judge answered, but no verdict could be read from its answer, also after the bounded
+    retries; ``detail`` has the raw answer (truncated). Never a default score."""
+    judge_refused = "judge_refused"
+    """A judge declined to grade (a refusal, or a content filter stopped its answer)."""
+    judge_unavailable = "judge_unavailable"
+    """The judge backend could not be reached or kept failing (timeouts, 429s and 5xx past
+    the retries, a model that would not load)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,23 @@ class Sample:
     completion: str
     prompt: str = ""
     num_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupContext:
+    """Where a group comes from, for group-level verifiers that need it (rubric dropout
+    draws its subset from the run, the group and the step; evaluation turns it off)."""
+
+    run_id: str | None = None
+    group_id: str = ""
+    step: int | None = None
+    evaluation: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> GroupContext:
+        data = data or {}
+        return cls(run_id=data.get("run_id"), group_id=str(data.get("group_id") or ""),
+                   step=data.get("step"), evaluation=bool(data.get("evaluation", False)))
 
 
 @dataclass(slots=True)
@@ -118,6 +143,18 @@ class Verifier:
     def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
         raise NotImplementedError
 
+    group_level: ClassVar[bool] = False
+    """True for a verifier that must see a whole group at once (an arena compares the
+    group's rollouts with each other) or that works much faster on a batch (a judge or a
+    reward model). Its calls are never split across tasks, and a call that failed as a whole
+    is never replayed one sample at a time: one rollout alone is not the same question."""
+
+    def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
+                     params: Any, context: GroupContext) -> list[Outcome]:
+        """One outcome per sample, in order. The default checks each sample alone; group-level
+        verifiers override it. Raises :class:`InvalidReference` like :meth:`verify`."""
+        return [self.verify(sample, reference, params) for sample in samples]
+
     def warm_up(self) -> None:
         """Pay one-time costs (grammar builds, caches) before the first real call.
 
@@ -136,3 +173,26 @@ def run_verifier(verifier: Verifier, sample: Sample, reference: Mapping[str, Any
     except Exception as exc:  # a verifier bug must become a typed cell, never a lost request
         return Outcome.failure(FailureKind.error, f"{type(exc).__name__}: {exc}",
                                exception=type(exc).__name__)
+
+
+def run_group_verifier(verifier: Verifier, samples: Sequence[Sample],
+                       reference: Mapping[str, Any], params: Mapping[str, Any],
+                       context: GroupContext | None = None) -> list[Outcome]:
+    """:func:`run_verifier` for a group-level verifier: params validated once, one outcome per
+    sample, and an exception (or a wrong number of outcomes) the same typed failure for every
+    sample of the group."""
+    try:
+        parsed = verifier.Params.model_validate(params)
+        outcomes = verifier.verify_group(samples, reference, parsed,
+                                         context or GroupContext())
+        if len(outcomes) != len(samples):
+            raise RuntimeError(f"{verifier.name} returned {len(outcomes)} outcomes for "
+                               f"{len(samples)} samples")
+        return list(outcomes)
+    except InvalidReference as exc:
+        failure = (FailureKind.invalid_reference, str(exc), {})
+    except Exception as exc:
+        failure = (FailureKind.error, f"{type(exc).__name__}: {exc}",
+                   {"exception": type(exc).__name__})
+    kind, message, detail = failure
+    return [Outcome.failure(kind, message, **detail) for _ in samples]

@@ -47,7 +47,7 @@ from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAban
                                 deliveries_key, max_samples_per_task, parse_exitcode,
                                 redact_url, task_time_limits)
 from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
-                              ProgressCallback, VerifyCall)
+                              ProgressCallback, VerifyCall, keeps_group_whole)
 from workers.packing import Pack, pack_target, plan
 from workers.routing import DEFAULT_QUEUE, Router
 
@@ -772,19 +772,19 @@ def to_items(meta: Any, call: Pack, waited_s: float,
         name = str(exc.get("exc_type") or "TaskFailed")
         args = exc.get("exc_message") or []
         message = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
-    if len(call.samples) > 1:
+    if len(call.samples) > 1 and not keeps_group_whole(call.verifier):
         return None
     if name in ("TimeLimitExceeded", "SoftTimeLimitExceeded"):
         how = ("its worker process was killed and replaced" if name == "TimeLimitExceeded"
                else "the task's time limit stopped it")
-        return [ItemResult(Outcome.failure(
+        return _all_failed(call, Outcome.failure(
             FailureKind.timeout, f"verifier ran past its {call.timeout_s:g}s limit and could "
-            f"not be interrupted; {how}", limit_s=call.timeout_s), call.timeout_s)]
+            f"not be interrupted; {how}", limit_s=call.timeout_s), call.timeout_s)
     if name in ("WorkerLostError", CallAbandoned.__name__):
         code = parse_exitcode(message)
-        return [ItemResult(Outcome.failure(
+        return _all_failed(call, Outcome.failure(
             FailureKind.crashed, f"worker process died (exit code {code}): {message}",
-            exitcode=code), waited_s)]
+            exitcode=code), waited_s)
     return _all_failed(call, _unavailable(f"{name}: {message}"), waited_s)
 
 

@@ -26,7 +26,7 @@ from pebble.common import ProcessExpired
 
 from verifiers.base import FailureKind, Outcome
 from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
-                              ProgressCallback, VerifyCall)
+                              ProgressCallback, VerifyCall, keeps_group_whole)
 from workers.tasks import init_worker, ping_task, verify_group_task
 
 
@@ -149,28 +149,30 @@ def _to_items(done: Any, call: VerifyCall, waited_s: float) -> list[ItemResult] 
 
     None when the call must be replayed sample by sample: a call of several samples that
     was killed, whose worker died, or whose task failed as a whole. A one-sample call is its
-    own culprit. A cancelled call (executor shutting down) is not replayed.
+    own culprit, and so is the call of a group-level verifier (every sample gets the
+    failure). A cancelled call (executor shutting down) is not replayed.
     """
+    replay = len(call.samples) > 1 and not keeps_group_whole(call.verifier)
     try:
         return [ItemResult.from_task(item) for item in done.result()]
     except FutureTimeout:
-        if len(call.samples) > 1:
+        if replay:
             return None
-        return [ItemResult(Outcome.failure(
+        return _all_failed(call, Outcome.failure(
             FailureKind.timeout, f"verifier ran past its {call.timeout_s:g}s limit and could "
             "not be interrupted; its worker process was killed and replaced",
-            limit_s=call.timeout_s), call.timeout_s)]
+            limit_s=call.timeout_s), call.timeout_s)
     except ProcessExpired as exc:
-        if len(call.samples) > 1:
+        if replay:
             return None
-        return [ItemResult(Outcome.failure(
+        return _all_failed(call, Outcome.failure(
             FailureKind.crashed, f"worker process died (exit code {exc.exitcode})",
-            exitcode=exc.exitcode), waited_s)]
+            exitcode=exc.exitcode), waited_s)
     except CancelledError:
         return _all_failed(call, Outcome.failure(FailureKind.unavailable, "call cancelled"),
                            waited_s)
     except Exception as exc:  # pickling errors, broken pool: typed, never lost
-        if len(call.samples) > 1:  # e.g. one sample's result would not pickle
+        if replay:  # e.g. one sample's result would not pickle
             return None
         return _all_failed(call, Outcome.failure(
             FailureKind.unavailable, f"{type(exc).__name__}: {exc}"), waited_s)

@@ -13,6 +13,7 @@ import abc
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from verifiers import REGISTRY
 from verifiers.base import Outcome, Sample
 
 ProgressCallback = Callable[[int], None]
@@ -32,6 +33,13 @@ limit plus 100 ms (pebble notices the overrun on a 0.1 s poll, so up to 0.1 s la
 HARD_SLACK_PER_EXTRA_SAMPLE_S = 0.02
 """Extra slack per sample after the first: each interrupted check overruns its soft deadline
 by the alarm's latency (microseconds to milliseconds), which adds up over a long group."""
+
+
+def keeps_group_whole(verifier: str) -> bool:
+    """True when ``verifier``'s calls must stay whole: never split across tasks, never
+    replayed one sample at a time (:attr:`verifiers.base.Verifier.group_level`)."""
+    impl = REGISTRY.get(verifier)
+    return impl is not None and impl.group_level
 
 
 def hard_limit_for(samples: int, timeout_s: float) -> float:
@@ -56,12 +64,16 @@ class VerifyCall:
     reference: Mapping[str, Any]
     params: Mapping[str, Any]
     timeout_s: float
+    context: Mapping[str, Any] | None = None
+    """The group's :class:`~verifiers.base.GroupContext` as plain data, for group-level
+    verifiers (None for the others: it would only add bytes to every task)."""
 
     def task_args(self) -> tuple[Any, ...]:
         """Arguments of :func:`workers.tasks.verify_group_task`: names, dicts and floats."""
         samples = [{"completion": s.completion, "prompt": s.prompt, "num_tokens": s.num_tokens}
                    for s in self.samples]
-        return (self.verifier, samples, dict(self.reference), dict(self.params), self.timeout_s)
+        return (self.verifier, samples, dict(self.reference), dict(self.params), self.timeout_s,
+                dict(self.context) if self.context is not None else None)
 
     def hard_limit_s(self) -> float:
         """Wall-clock limit of the whole call, after which its worker process is killed.

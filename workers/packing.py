@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from verifiers.base import Sample
-from workers.executor import VerifyCall, hard_limit_for
+from workers.executor import VerifyCall, hard_limit_for, keeps_group_whole
 
 TASKS_PER_SLOT = 4
 """Target tasks per worker slot of a queue when packing: the last task to finish holds at
@@ -70,7 +70,8 @@ class Pack:
     def task_args(self) -> tuple[Any, ...]:
         """Arguments of :func:`workers.tasks.verify_groups_task`."""
         first = self.parts[0].call
-        groups = [[[_sample_dict(s) for s in part.call.samples], dict(part.call.reference)]
+        groups = [[[_sample_dict(s) for s in part.call.samples], dict(part.call.reference),
+                   *([dict(part.call.context)] if part.call.context is not None else [])]
                   for part in self.parts]
         return (first.verifier, groups, dict(first.params), first.timeout_s)
 
@@ -93,8 +94,9 @@ def _sample_dict(sample: Sample) -> dict[str, Any]:
 
 
 def split(call_index: int, call: VerifyCall, size: int) -> list[Part]:
-    """``call`` as parts of at most ``size`` samples."""
-    if len(call.samples) <= size:
+    """``call`` as parts of at most ``size`` samples; a group-level verifier's call stays
+    whole whatever its size (:func:`~workers.executor.keeps_group_whole`)."""
+    if len(call.samples) <= size or keeps_group_whole(call.verifier):
         return [Part(call_index, 0, call)]
     return [Part(call_index, i, replace(call, samples=call.samples[i:i + size]))
             for i in range(0, len(call.samples), size)]

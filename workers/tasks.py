@@ -12,13 +12,15 @@ import time
 from typing import Any, Mapping, Sequence
 
 from verifiers import REGISTRY, Sample, Verifier, get_verifier, run_verifier
+from verifiers.base import GroupContext, run_group_verifier
 from verifiers.base import FailureKind, Outcome
 from workers.deadline import CheckTimeout, SoftDeadline
 
 
 def verify_group_task(verifier: str, samples: Sequence[Mapping[str, Any]],
                       reference: Mapping[str, Any], params: Mapping[str, Any],
-                      timeout_s: float) -> list[dict[str, Any]]:
+                      timeout_s: float,
+                      context: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Check each sample of one group in turn, each under its own soft ``timeout_s``.
 
     Returns one ``{"outcome": <Outcome.to_dict()>, "elapsed_s": float}`` per sample, in
@@ -27,18 +29,20 @@ def verify_group_task(verifier: str, samples: Sequence[Mapping[str, Any]],
     samples share this process's verifier caches (the group's reference is parsed once).
     """
     impl = get_verifier(verifier)
+    if impl.group_level:
+        return check_group(impl, [Sample(**sample) for sample in samples], reference, params,
+                           timeout_s, GroupContext.from_dict(context))
     return [check(impl, Sample(**sample), reference, params, timeout_s) for sample in samples]
 
 
-def verify_groups_task(verifier: str,
-                       groups: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, Any]]],
+def verify_groups_task(verifier: str, groups: Sequence[Sequence[Any]],
                        params: Mapping[str, Any], timeout_s: float) -> list[dict[str, Any]]:
-    """:func:`verify_group_task` over several ``(samples, reference)`` groups of one verifier,
-    one after the other, as one flat list of items: a Celery task that carries a pack of
-    small groups (:mod:`workers.packing`)."""
-    impl = get_verifier(verifier)
-    return [check(impl, Sample(**sample), reference, params, timeout_s)
-            for samples, reference in groups for sample in samples]
+    """:func:`verify_group_task` over several ``[samples, reference, context]`` groups of one
+    verifier (context optional), one after the other, as one flat list of items: a Celery
+    task that carries a pack of small groups (:mod:`workers.packing`)."""
+    return [item for group in groups
+            for item in verify_group_task(verifier, group[0], group[1], params, timeout_s,
+                                          group[2] if len(group) > 2 else None)]
 
 
 def check(impl: Verifier, sample: Sample, reference: Mapping[str, Any],
@@ -60,6 +64,33 @@ def check(impl: Verifier, sample: Sample, reference: Mapping[str, Any],
             FailureKind.timeout, f"verifier ran past its {timeout_s:g}s limit and was "
             "interrupted", limit_s=timeout_s).to_dict(), "elapsed_s": timeout_s}
     return {"outcome": outcome.to_dict(), "elapsed_s": elapsed}
+
+
+def check_group(impl: Verifier, samples: list[Sample], reference: Mapping[str, Any],
+                params: Mapping[str, Any], timeout_s: float,
+                context: GroupContext | None = None) -> list[dict[str, Any]]:
+    """A group-level verifier over the whole group under one soft deadline of ``timeout_s``
+    per sample (the group's share of the call's limit); past it every sample is ``timeout``
+    (an arena's scores do not exist for part of a group). ``elapsed_s`` is the group's time
+    divided evenly."""
+    limit = timeout_s * len(samples)
+    deadline = SoftDeadline(limit)
+    started = time.perf_counter()
+    outcomes: list[Outcome] | None = None
+    try:
+        with deadline:
+            outcomes = run_group_verifier(impl, samples, reference, params, context)
+    except CheckTimeout:
+        pass
+    finally:
+        deadline.disarm()
+    if deadline.expired or outcomes is None:
+        failure = Outcome.failure(FailureKind.timeout, f"the group's check ran past its "
+                                  f"{limit:g}s limit ({timeout_s:g}s per sample) and was "
+                                  "interrupted", limit_s=timeout_s).to_dict()
+        return [{"outcome": failure, "elapsed_s": timeout_s} for _ in samples]
+    share = (time.perf_counter() - started) / max(len(samples), 1)
+    return [{"outcome": outcome.to_dict(), "elapsed_s": share} for outcome in outcomes]
 
 
 def ping_task() -> str:

@@ -1,0 +1,209 @@
+"""The OpenAI-compatible judge client against a real local HTTP server: retries only where a
+retry can help, the reply cache, configuration and the concurrency bound."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from tests.support.judge_server import JudgeServer
+from verifiers.judge import openai_compat
+from verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
+from verifiers.judge.config import (BackendOverride, JudgeConfigError, reset_backends,
+                                    resolve_backend)
+from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[JudgeServer]:
+    srv = JudgeServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def clean(server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    server.reset()
+    monkeypatch.setattr(openai_compat, "BACKOFF_BASE_S", 0.01)
+    reset_backends()
+    yield
+    reset_backends()
+
+
+def backend(server: JudgeServer, **options: Any) -> OpenAIChatBackend:
+    config = OpenAIConfig(name="t", base_url=server.base_url, model="rule-judge",
+                          **{"max_retries": 3, "timeout_s": 5.0, **options})
+    return OpenAIChatBackend(config, cache=ReplyCache())
+
+
+def question(n: int = 0) -> ChatRequest:
+    return ChatRequest((("user", f"question {n}"),), max_tokens=64)
+
+
+def test_answers_come_back_in_order_with_usage(server: JudgeServer) -> None:
+    replies = backend(server).chat([question(i) for i in range(5)])
+    assert all(isinstance(r, ChatReply) for r in replies)
+    assert [r.prompt_tokens for r in replies] == [2] * 5  # "question N"
+    assert all(r.finish_reason == "stop" and r.attempts == 1 for r in replies)
+    assert len(server.requests) == 5
+    assert server.requests[0]["model"] == "rule-judge"
+    assert server.requests[0]["max_tokens"] == 64
+
+
+def test_429_and_5xx_are_retried_with_backoff_then_succeed(server: JudgeServer) -> None:
+    server.faults.extend([("status", 429, 0), ("status", 503), ("status", 502)])
+    [reply] = backend(server).chat([question()])
+    assert isinstance(reply, ChatReply) and reply.attempts == 4
+    assert len(server.requests) == 4
+
+
+def test_retries_are_bounded_and_end_as_unavailable(server: JudgeServer) -> None:
+    server.faults.extend([("status", 500)] * 10)
+    [reply] = backend(server, max_retries=2).chat([question()])
+    assert isinstance(reply, JudgeUnavailable)
+    assert reply.status == 500 and reply.attempts == 3
+    assert "HTTP 500" in reply.message and "after 3 attempts" in reply.message
+    assert len(server.requests) == 3
+
+
+def test_a_client_error_is_not_retried(server: JudgeServer) -> None:
+    server.faults.append(("status", 400))
+    [reply] = backend(server).chat([question()])
+    assert isinstance(reply, JudgeUnavailable) and reply.status == 400 and reply.attempts == 1
+    assert len(server.requests) == 1
+
+
+def test_retry_after_is_honoured(server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_compat, "BACKOFF_BASE_S", 5.0)  # would wait seconds
+    server.faults.append(("status", 429, "0.05"))
+    started = time.monotonic()
+    [reply] = backend(server).chat([question()])
+    assert isinstance(reply, ChatReply) and reply.attempts == 2
+    assert time.monotonic() - started < 2.0
+
+
+def test_timeouts_are_retried(server: JudgeServer) -> None:
+    server.faults.append(("sleep", 1.0))
+    [reply] = backend(server, timeout_s=0.3).chat([question()])
+    assert isinstance(reply, ChatReply) and reply.attempts == 2
+
+
+def test_a_malformed_completion_is_a_typed_failure(server: JudgeServer) -> None:
+    server.faults.append(("malformed",))
+    [reply] = backend(server).chat([question()])
+    assert isinstance(reply, JudgeUnavailable) and "malformed" in reply.message
+
+
+def test_unreachable_server_is_unavailable_not_an_exception() -> None:
+    config = OpenAIConfig(name="gone", base_url="http://127.0.0.1:9/v1", model="m",
+                          max_retries=1, timeout_s=1.0)
+    [reply] = OpenAIChatBackend(config, cache=ReplyCache()).chat([question()])
+    assert isinstance(reply, JudgeUnavailable) and reply.attempts == 2
+
+
+def test_equal_requests_are_answered_from_the_cache(server: JudgeServer) -> None:
+    client = backend(server)
+    first = client.chat([question(1), question(2)])
+    again = client.chat([question(1), question(2), question(3)])
+    assert [r.cached for r in again] == [True, True, False]
+    assert [r.text for r in again[:2]] == [r.text for r in first]
+    assert len(server.requests) == 3
+    other_sampling = ChatRequest(question(1).messages, max_tokens=64, temperature=0.7)
+    [fresh] = client.chat([other_sampling])
+    assert not fresh.cached  # the key covers sampling parameters
+
+
+def test_failures_are_not_cached(server: JudgeServer) -> None:
+    client = backend(server, max_retries=0)
+    server.faults.append(("status", 503))
+    assert isinstance(client.chat([question()])[0], JudgeUnavailable)
+    assert isinstance(client.chat([question()])[0], ChatReply)
+
+
+def test_concurrency_is_bounded_per_backend(server: JudgeServer) -> None:
+    """Eight requests that each take 0.2 s through a bound of 2: at least four rounds."""
+    server.faults.extend([("sleep", 0.2)] * 8)
+    started = time.monotonic()
+    replies = backend(server, max_concurrency=2).chat([question(i) for i in range(8)])
+    took = time.monotonic() - started
+    assert all(isinstance(r, ChatReply) for r in replies)
+    assert took >= 0.8 - 0.05, took
+
+
+def test_a_batch_runs_concurrently_and_from_several_threads(server: JudgeServer) -> None:
+    client = backend(server, max_concurrency=8)
+    results: list[Any] = []
+
+    def run(offset: int) -> None:
+        results.extend(client.chat([question(offset + i) for i in range(4)]))
+
+    threads = [threading.Thread(target=run, args=(10 * t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 12 and all(isinstance(r, ChatReply) for r in results)
+
+
+def test_structured_output_is_requested_as_a_json_schema(server: JudgeServer) -> None:
+    schema = {"type": "object", "properties": {"criteria_met": {"type": "boolean"}},
+              "required": ["criteria_met"]}
+    backend(server).chat([ChatRequest((("user", "q"),), json_schema=schema, seed=3)])
+    sent = server.requests[-1]
+    assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+    assert sent["seed"] == 3
+
+
+def test_the_api_key_is_sent_as_a_bearer_token(server: JudgeServer) -> None:
+    seen: list[str] = []
+    original = server.answer
+
+    def spy(handler: Any, body: Any, fault: Any) -> None:
+        seen.append(handler.headers.get("Authorization"))
+        original(handler, body, fault)
+
+    server.answer = spy  # type: ignore[method-assign]
+    try:
+        backend(server, api_key="sk-test").chat([question()])
+    finally:
+        server.answer = original  # type: ignore[method-assign]
+    assert seen == ["Bearer sk-test"]
+
+
+# ---- configuration ----------------------------------------------------------------------
+
+def test_default_backend_from_the_environment(server: JudgeServer) -> None:
+    env = {"REWARDD_JUDGE_BASE_URL": server.base_url, "REWARDD_JUDGE_MODEL": "rule-judge"}
+    chosen = resolve_backend(None, env)
+    assert chosen.name == "default" and chosen.model == "rule-judge"
+    assert resolve_backend(None, env) is chosen  # built once per process
+    other = resolve_backend(BackendOverride(model="bigger"), env)
+    assert other is not chosen and other.model == "bigger"
+
+
+def test_named_backends_from_a_file(server: JudgeServer, tmp_path: Any) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"big": {"base_url": server.base_url, "model": "m-big",
+                                        "api_key_env": "BIG_KEY", "max_concurrency": 3,
+                                        "cost_per_1k_prompt": 0.5}}))
+    env = {"REWARDD_JUDGE_BACKENDS_FILE": str(path), "BIG_KEY": "sk-big"}
+    chosen = resolve_backend(BackendOverride(name="big"), env)
+    assert isinstance(chosen, OpenAIChatBackend)
+    assert chosen.config.api_key == "sk-big" and chosen.config.max_concurrency == 3
+    assert chosen.cost_per_1k_tokens == (0.5, 0.0)
+
+
+def test_unknown_backends_and_request_urls_are_refused_with_the_fix() -> None:
+    with pytest.raises(JudgeConfigError, match="REWARDD_JUDGE_BASE_URL"):
+        resolve_backend(None, {})
+    env = {"REWARDD_JUDGE_BASE_URL": "http://127.0.0.1:1/v1"}
+    with pytest.raises(JudgeConfigError, match="REWARDD_JUDGE_ALLOW_REQUEST_URLS"):
+        resolve_backend(BackendOverride(base_url="http://169.254.169.254/"), env)
+    allowed = {**env, "REWARDD_JUDGE_ALLOW_REQUEST_URLS": "1"}
+    chosen = resolve_backend(BackendOverride(base_url="http://127.0.0.1:2/v1"), allowed)
+    assert chosen.config.base_url == "http://127.0.0.1:2/v1"  # type: ignore[attr-defined]

@@ -1,0 +1,140 @@
+"""Which judge backend a verifier call uses: the default, a named one, or a request's override.
+
+Read from the environment of the process that runs the verifier (a ``gpu`` worker, or the
+embedded pool), with the ``REWARDD_`` prefix like every other setting:
+
+* ``REWARDD_JUDGE_BASE_URL``, ``REWARDD_JUDGE_MODEL``, ``REWARDD_JUDGE_API_KEY``: the default
+  backend, named ``default`` (an OpenAI-compatible endpoint);
+* ``REWARDD_JUDGE_BACKENDS_FILE``: a JSON object of more named backends, for example::
+
+      {"big": {"base_url": "http://vllm:8000/v1", "model": "Qwen/Qwen3-32B",
+               "api_key_env": "BIG_KEY", "max_concurrency": 64, "timeout_s": 120,
+               "cost_per_1k_prompt": 0.0, "cost_per_1k_completion": 0.0},
+       "tiny": {"kind": "transformers", "path": "/models/judge-1b", "batch_size": 8}}
+
+  (``api_key_env`` names the variable holding the key: keys stay out of the file);
+* ``REWARDD_JUDGE_ALLOW_REQUEST_URLS=1``: lets a request's ``backend`` override name a
+  ``base_url`` of its own. Off by default: on shared infrastructure a URL from a request would
+  let any tenant make the workers call any address (SSRF); a request may always pick a
+  configured backend by name and change its ``model`` and sampling.
+
+Backends are built once per process and configuration, so their connection pools, caches and
+loaded models are reused by every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verifiers.judge.backend import ChatBackend
+from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig
+
+DEFAULT_BACKEND = "default"
+
+
+class BackendOverride(BaseModel):
+    """A request's choice of judge backend (the ``backend`` param of a judge verifier)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = DEFAULT_BACKEND
+    """A configured backend: ``default`` (REWARDD_JUDGE_*) or one of REWARDD_JUDGE_BACKENDS_FILE."""
+    model: str | None = None
+    """Another model on the same endpoint."""
+    base_url: str | None = None
+    """Another endpoint (only with REWARDD_JUDGE_ALLOW_REQUEST_URLS=1)."""
+    max_concurrency: int | None = Field(None, ge=1, le=1024)
+    timeout_s: float | None = Field(None, gt=0, le=600)
+
+
+class JudgeConfigError(ValueError):
+    """The backend a call asks for is not configured (or not allowed): the judge verifiers
+    report it as ``judge_unavailable`` with this message, which says what to set."""
+
+
+_lock = threading.Lock()
+_backends: dict[tuple[Any, ...], ChatBackend] = {}
+
+
+def configured_backends(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every named backend's raw configuration: the file's, then ``default`` from the
+    REWARDD_JUDGE_* variables (which wins over a ``default`` entry in the file)."""
+    env = os.environ if environ is None else environ
+    found: dict[str, dict[str, Any]] = {}
+    path = env.get("REWARDD_JUDGE_BACKENDS_FILE")
+    if path:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise JudgeConfigError(f"REWARDD_JUDGE_BACKENDS_FILE={path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise JudgeConfigError(f"REWARDD_JUDGE_BACKENDS_FILE={path}: expected a JSON object "
+                                   "of named backends")
+        found.update({str(k): dict(v) for k, v in data.items() if isinstance(v, dict)})
+    if env.get("REWARDD_JUDGE_BASE_URL"):
+        found[DEFAULT_BACKEND] = {"base_url": env["REWARDD_JUDGE_BASE_URL"],
+                                  "model": env.get("REWARDD_JUDGE_MODEL", "default"),
+                                  "api_key": env.get("REWARDD_JUDGE_API_KEY")}
+    return found
+
+
+def resolve_backend(override: BackendOverride | None,
+                    environ: Mapping[str, str] | None = None) -> ChatBackend:
+    """The backend for one call, built on first use in this process."""
+    env = os.environ if environ is None else environ
+    choice = override or BackendOverride()
+    raw = configured_backends(env).get(choice.name)
+    if raw is None:
+        names = ", ".join(sorted(configured_backends(env))) or "none"
+        hint = ("set REWARDD_JUDGE_BASE_URL and REWARDD_JUDGE_MODEL on the workers"
+                if choice.name == DEFAULT_BACKEND else "add it to REWARDD_JUDGE_BACKENDS_FILE")
+        raise JudgeConfigError(f"no judge backend named {choice.name!r} is configured "
+                               f"(configured: {names}); {hint}")
+    raw = dict(raw)
+    if choice.base_url is not None:
+        if env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() not in ("1", "true", "yes"):
+            raise JudgeConfigError("a request may not name a judge base_url unless the "
+                                   "service sets REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; pick a "
+                                   "configured backend by name instead")
+        raw["base_url"] = choice.base_url
+    for field in ("model", "max_concurrency", "timeout_s"):
+        if getattr(choice, field) is not None:
+            raw[field] = getattr(choice, field)
+    key = (choice.name, json.dumps(raw, sort_keys=True, default=str))
+    with _lock:
+        backend = _backends.get(key)
+        if backend is None:
+            backend = _backends[key] = _build(choice.name, raw, env)
+        return backend
+
+
+def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBackend:
+    kind = raw.pop("kind", "openai")
+    if kind == "transformers":
+        from verifiers.judge.local import TransformersChatBackend
+
+        return TransformersChatBackend(name=name, **raw)
+    if kind != "openai":
+        raise JudgeConfigError(f"judge backend {name!r}: unknown kind {kind!r} "
+                               "(openai or transformers)")
+    key_env = raw.pop("api_key_env", None)
+    if key_env and not raw.get("api_key"):
+        raw["api_key"] = env.get(key_env)
+    if not raw.get("base_url"):
+        raise JudgeConfigError(f"judge backend {name!r} has no base_url")
+    try:
+        return OpenAIChatBackend(OpenAIConfig(name=name, **raw))
+    except TypeError as exc:
+        raise JudgeConfigError(f"judge backend {name!r}: {exc}") from None
+
+
+def reset_backends() -> None:
+    """Forget built backends (tests that change the environment)."""
+    with _lock:
+        _backends.clear()

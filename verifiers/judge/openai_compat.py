@@ -1,0 +1,230 @@
+"""Judge backend for OpenAI-compatible chat endpoints: vLLM, SGLang, hosted APIs.
+
+httpx does the HTTP; what is written here is what a judge needs around it and no client
+library gives as one piece: a batch of requests sent concurrently under a bound per backend,
+retries with backoff on 429, 5xx, timeouts and connection errors only (honouring
+``Retry-After``), a process-wide reply cache keyed by (backend, model, rendered prompt,
+sampling parameters), and usage per reply. (The ``openai`` package would add a dependency
+for one endpoint and retries that cannot be told apart from ours in the usage counts.)
+
+Verifiers run synchronously in worker processes, so each process keeps one event loop in a
+daemon thread (:class:`_LoopThread`) that owns the connection pools; :meth:`chat` hands it a
+batch and waits. The thread and the pools are made again after a fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Coroutine, Sequence
+
+from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
+                                     JudgeUnavailable)
+
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+"""Worth another try: rate limits, overload and gateway errors. Any other 4xx means the
+request itself is wrong, and asking again would only be refused again."""
+
+BACKOFF_BASE_S = 0.25
+BACKOFF_MAX_S = 8.0
+"""Full-jitter exponential backoff between attempts: uniform in [0, min(max, base * 2^k)],
+or the server's ``Retry-After`` when it sent one (capped at BACKOFF_MAX_S)."""
+
+CACHE_ENTRIES = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    """One OpenAI-compatible backend."""
+
+    name: str
+    base_url: str
+    model: str
+    api_key: str | None = None
+    max_concurrency: int = 16
+    """Requests in flight at once from one process (each worker process has its own)."""
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    cost_per_1k_prompt: float = 0.0
+    cost_per_1k_completion: float = 0.0
+    cache: bool = True
+
+
+class ReplyCache:
+    """A bounded LRU of replies by :meth:`ChatRequest.cache_key`, shared by the backends of a
+    process. Only answers are cached, never failures."""
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._data: OrderedDict[str, ChatReply] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> ChatReply | None:
+        with self._lock:
+            reply = self._data.get(key)
+            if reply is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return reply
+
+    def put(self, key: str, reply: ChatReply) -> None:
+        with self._lock:
+            self._data[key] = reply
+            self._data.move_to_end(key)
+            while len(self._data) > self.entries:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
+
+CACHE = ReplyCache()
+
+
+class _LoopThread:
+    """An event loop in a daemon thread, one per process (made again after a fork)."""
+
+    _instance: _LoopThread | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self.loop.run_forever, name="rewardd-judge-io",
+                                  daemon=True)
+        thread.start()
+
+    @classmethod
+    def get(cls) -> _LoopThread:
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        future: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result()
+
+
+class OpenAIChatBackend(ChatBackend):
+    """``POST {base_url}/chat/completions`` for every request of a batch, concurrently."""
+
+    def __init__(self, config: OpenAIConfig, cache: ReplyCache | None = CACHE) -> None:
+        self.config = config
+        self.name = config.name
+        self.model = config.model
+        self.cost_per_1k_tokens = (config.cost_per_1k_prompt, config.cost_per_1k_completion)
+        self._cache = cache if config.cache else None
+        self._client: Any = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._pid: int | None = None
+
+    def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        if not requests:
+            return []
+        results: list[ChatResult | None] = [None] * len(requests)
+        keys = [r.cache_key(self.name, self.model) for r in requests]
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            hit = self._cache.get(key) if self._cache is not None else None
+            if hit is not None:
+                results[i] = ChatReply(hit.text, hit.finish_reason, hit.prompt_tokens,
+                                       hit.completion_tokens, hit.refusal, cached=True)
+            else:
+                todo.append(i)
+        if todo:
+            answers = _LoopThread.get().run(self._send_all([requests[i] for i in todo]))
+            for i, answer in zip(todo, answers):
+                results[i] = answer
+                if self._cache is not None and isinstance(answer, ChatReply):
+                    self._cache.put(keys[i], answer)
+        return results  # type: ignore[return-value]
+
+    async def _send_all(self, requests: list[ChatRequest]) -> list[ChatResult]:
+        self._ensure_client()
+        return list(await asyncio.gather(*(self._send(r) for r in requests)))
+
+    def _ensure_client(self) -> None:
+        """The client and the bound belong to this process's loop thread."""
+        if self._client is None or self._pid != os.getpid():
+            import httpx
+
+            headers = {"Content-Type": "application/json"}
+            if self.config.api_key:
+                headers["Authorization"] = f"Bearer {self.config.api_key}"
+            limit = max(self.config.max_concurrency, 1)
+            self._client = httpx.AsyncClient(
+                base_url=self.config.base_url.rstrip("/"), headers=headers,
+                timeout=httpx.Timeout(self.config.timeout_s, connect=min(self.config.timeout_s,
+                                                                         10.0)),
+                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
+            self._semaphore = asyncio.Semaphore(limit)
+            self._pid = os.getpid()
+
+    async def _send(self, request: ChatRequest) -> ChatResult:
+        import httpx
+
+        assert self._semaphore is not None
+        body = request.payload(self.model)
+        last = "no attempt made"
+        status: int | None = None
+        attempts = 0
+        for attempt in range(self.config.max_retries + 1):
+            attempts = attempt + 1
+            wait: float | None = None
+            async with self._semaphore:
+                try:
+                    response = await self._client.post("/chat/completions", json=body)
+                except (httpx.TimeoutException, httpx.TransportError) as exc:
+                    status, last = None, f"{type(exc).__name__}: {exc}"
+                else:
+                    status = response.status_code
+                    if status == 200:
+                        return _reply(response, attempts)
+                    last = f"HTTP {status}: {response.text[:300]}"
+                    if status not in RETRY_STATUSES:
+                        break
+                    wait = _retry_after(response.headers.get("retry-after"))
+            if attempt < self.config.max_retries:
+                cap = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** attempt)
+                await asyncio.sleep(wait if wait is not None else random.uniform(0, cap))
+        return JudgeUnavailable(f"{self.name} ({self.model}) at {self.config.base_url}: {last}"
+                                f" (after {attempts} attempt{'s' if attempts > 1 else ''})",
+                                status, attempts)
+
+
+def _reply(response: Any, attempts: int) -> ChatResult:
+    try:
+        data = response.json()
+        choice = data["choices"][0]
+        message = choice.get("message") or {}
+        usage = data.get("usage") or {}
+        return ChatReply(text=message.get("content") or "",
+                         finish_reason=choice.get("finish_reason"),
+                         prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                         completion_tokens=int(usage.get("completion_tokens") or 0),
+                         refusal=message.get("refusal"), attempts=attempts)
+    except Exception as exc:  # a 200 that is not a chat completion
+        return JudgeUnavailable(f"malformed chat completion ({type(exc).__name__}: {exc}): "
+                                f"{response.text[:300]}", 200, attempts)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds form only), capped."""
+    if not value:
+        return None
+    try:
+        return min(max(float(value), 0.0), BACKOFF_MAX_S)
+    except ValueError:
+        return None
