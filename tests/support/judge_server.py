@@ -23,13 +23,14 @@ requests, whatever they ask: ``("status", 429)``, ``("status", 503, retry_after_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Iterator
 
 NONCE = re.compile(r"<<<NAME-([0-9a-f]{12})>>>")
 
@@ -150,6 +151,23 @@ class JudgeServer:
         verdict = met(blocks.get("CRITERION", ""), response)
         return echo + json.dumps({"explanation": "checked the quoted words",
                                   "criteria_met": verdict})
+
+
+@contextlib.contextmanager
+def judge_client_env(server: JudgeServer, monkeypatch: Any) -> Iterator[None]:
+    """A clean slate for one judge test: the server's faults and log, the client's reply
+    cache and built backends, fast backoff, and REWARDD_JUDGE_* pointing at ``server``."""
+    from verifiers.judge import openai_compat
+    from verifiers.judge.config import reset_backends
+
+    server.reset()
+    monkeypatch.setenv("REWARDD_JUDGE_BASE_URL", server.base_url)
+    monkeypatch.setenv("REWARDD_JUDGE_MODEL", "rule-judge")
+    monkeypatch.setattr(openai_compat, "BACKOFF_BASE_S", 0.01)
+    openai_compat.CACHE.clear()
+    reset_backends()
+    yield
+    reset_backends()
 
 
 def fenced_blocks(text: str, nonce: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.judge_server import JudgeServer, judge_client_env
 from verifiers.code.sandbox import Sandbox
 
 
@@ -15,3 +16,18 @@ def sandbox() -> Iterator[Sandbox]:
     box = Sandbox()
     yield box
     box.close()
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    """A real OpenAI-compatible judge server (tests/support/judge_server.py) per module."""
+    server = JudgeServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def judge(judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[JudgeServer]:
+    """The module's judge server, reset, with REWARDD_JUDGE_* pointing at it."""
+    with judge_client_env(judge_server, monkeypatch):
+        yield judge_server

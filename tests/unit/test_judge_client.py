@@ -6,32 +6,25 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from tests.support.judge_server import JudgeServer
 from verifiers.judge import openai_compat
 from verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
-from verifiers.judge.config import (BackendOverride, JudgeConfigError, reset_backends,
-                                    resolve_backend)
+from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[JudgeServer]:
-    srv = JudgeServer().start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(judge: JudgeServer) -> JudgeServer:
+    return judge
 
 
 @pytest.fixture(autouse=True)
-def clean(server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    server.reset()
-    monkeypatch.setattr(openai_compat, "BACKOFF_BASE_S", 0.01)
-    reset_backends()
-    yield
-    reset_backends()
+def _clean(judge: JudgeServer) -> None:
+    """Every test starts from a reset server, cache and backend set."""
 
 
 def backend(server: JudgeServer, **options: Any) -> OpenAIChatBackend:

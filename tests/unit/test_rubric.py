@@ -3,7 +3,7 @@ criteria per call, clipping, dropout, typed failures and prompt-injection hygien
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -11,8 +11,6 @@ from tests.support.judge_server import NONCE, JudgeServer, fenced_blocks
 from verifiers import REGISTRY
 from verifiers.base import GroupContext, Sample, run_group_verifier
 from verifiers.dropout import rubric_keep_mask
-from verifiers.judge import openai_compat
-from verifiers.judge.config import reset_backends
 from verifiers.judge.templates import Unparseable, nonce_for, parse_criterion, parse_pairwise
 
 RUBRIC = [{"criterion": "Mentions 'aspirin'", "points": 5},
@@ -20,23 +18,14 @@ RUBRIC = [{"criterion": "Mentions 'aspirin'", "points": 5},
           {"criterion": "Recommends 'alcohol'", "points": -4}]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[JudgeServer]:
-    srv = JudgeServer().start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(judge: JudgeServer) -> JudgeServer:
+    return judge
 
 
 @pytest.fixture(autouse=True)
-def judge_env(server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    server.reset()
-    monkeypatch.setenv("REWARDD_JUDGE_BASE_URL", server.base_url)
-    monkeypatch.setenv("REWARDD_JUDGE_MODEL", "rule-judge")
-    monkeypatch.setattr(openai_compat, "BACKOFF_BASE_S", 0.01)
-    openai_compat.CACHE.clear()
-    reset_backends()
-    yield
-    reset_backends()
+def _clean(judge: JudgeServer) -> None:
+    """Every test starts from a reset server, cache and backend set."""
 
 
 def grade(completions: list[str], params: dict[str, Any] | None = None,
