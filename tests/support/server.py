@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import httpx
 
@@ -38,14 +38,17 @@ def child_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(*flags: str, ready_within_s: float = 90.0) -> Iterator[str]:
-    """Yield the base URL of a fresh server started with ``flags``; SIGTERM it on exit."""
+def running_server(*flags: str, ready_within_s: float = 90.0,
+                   env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """Yield the base URL of a fresh server started with ``flags`` (and ``env`` added to its
+    environment); SIGTERM it on exit."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
            "--port", str(port), *flags]
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(), stdout=log,
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**child_env(), **(env or {})},
+                                stdout=log,
                                 stderr=subprocess.STDOUT)
 
         def failed(reason: str) -> ServerFailed:
