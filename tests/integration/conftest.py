@@ -154,13 +154,13 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet_for(redis_db: redis.Redis) -> Iterator[Any]:
-    """``fleet_for(settings)``: a WorkerFleet for this module; stopped and the database
-    flushed afterwards."""
+    """``fleet_for(settings, env=None)``: a WorkerFleet for this module (``env`` added to its
+    workers' environment); stopped and the database flushed afterwards."""
     redis_db.flushdb()
     fleets: list[WorkerFleet] = []
 
-    def make(settings: Settings) -> WorkerFleet:
-        fleet = WorkerFleet(worker_env(settings))
+    def make(settings: Settings, env: dict[str, str] | None = None) -> WorkerFleet:
+        fleet = WorkerFleet({**worker_env(settings), **(env or {})})
         fleets.append(fleet)
         return fleet
 
