@@ -226,7 +226,8 @@ class CellStatus(BaseModel):
     ok: bool
     error: FailureKind | None = Field(
         None, description="timeout | crashed | error | invalid_reference | unavailable | "
-        "missing (no precomputed value); null when ok.")
+        "missing (no precomputed value) | judge_unparseable | judge_refused | judge_unavailable; "
+        "null when ok.")
     detail: dict[str, Any] = Field(default_factory=dict)
     fallback_used: bool = Field(
         False, description="The component's fallback reward was used (present only when true).")
