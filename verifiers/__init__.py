@@ -9,13 +9,16 @@ from __future__ import annotations
 from verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams, run_verifier)
 from verifiers.code import CodeVerifier
+from verifiers.judge.arena import ArenaVerifier
+from verifiers.judge.reward_model import RewardModelVerifier
 from verifiers.judge.rubric import RubricVerifier
 from verifiers.math import MathVerifier
 from verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
 
 REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
-                        LengthVerifier(), RubricVerifier())
+                        LengthVerifier(), RubricVerifier(), ArenaVerifier(),
+                        RewardModelVerifier())
 }
 
 

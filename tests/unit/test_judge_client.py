@@ -200,3 +200,28 @@ def test_unknown_backends_and_request_urls_are_refused_with_the_fix() -> None:
     allowed = {**env, "REWARDD_JUDGE_ALLOW_REQUEST_URLS": "1"}
     chosen = resolve_backend(BackendOverride(base_url="http://127.0.0.1:2/v1"), allowed)
     assert chosen.config.base_url == "http://127.0.0.1:2/v1"  # type: ignore[attr-defined]
+
+
+def test_a_request_cannot_point_a_local_judge_at_any_directory(tmp_path: Any) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"local": {"kind": "transformers", "model": str(tmp_path)}}))
+    env = {"REWARDD_JUDGE_BACKENDS_FILE": str(path), "REWARDD_MODEL_ROOTS": str(tmp_path)}
+    with pytest.raises(JudgeConfigError, match="not under REWARDD_MODEL_ROOTS"):
+        resolve_backend(BackendOverride(name="local", model="/etc"), env)
+    chosen = resolve_backend(BackendOverride(name="local", model=str(tmp_path / "m")), env)
+    assert chosen.model == str(tmp_path / "m")  # built lazily: loads on first chat
+
+
+def test_a_transformers_backend_with_unknown_settings_says_which_it_takes(tmp_path: Any) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"local": {"kind": "transformers", "model": "/m", "gpus": 2}}))
+    with pytest.raises(JudgeConfigError, match="takes model"):
+        resolve_backend(BackendOverride(name="local"), {"REWARDD_JUDGE_BACKENDS_FILE": str(path)})
+
+
+def test_extra_body_fields_reach_the_server_without_overriding_ours(server: JudgeServer) -> None:
+    extra = {"structured_outputs": {"regex": "yes|no"}, "model": "other", "top_k": 5}
+    backend(server).chat([ChatRequest((("user", "q"),), extra_body=extra)])
+    sent = server.requests[-1]
+    assert sent["structured_outputs"] == {"regex": "yes|no"} and sent["top_k"] == 5
+    assert sent["model"] == "rule-judge"

@@ -195,3 +195,12 @@ def test_custom_templates_get_their_fields_fenced(server: JudgeServer) -> None:
     assert out[0].reward == 1.0
     user = server.requests[-1]["messages"][-1]["content"]
     assert user.startswith("Grade <<<RESPONSE-") and '"criteria_met": bool' in user
+
+
+def test_structured_verdicts_ask_for_the_criterion_schema(server: JudgeServer) -> None:
+    out = grade(["Aspirin."], {"rubric": RUBRIC[:1], "structured": True})
+    assert out[0].reward == 1.0
+    schema = server.requests[-1]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["criteria_met"] == {"type": "boolean"}
+    with pytest.raises(Exception, match="criteria_per_call 1"):
+        REGISTRY["rubric"].Params.model_validate({"structured": True, "criteria_per_call": 2})

@@ -32,6 +32,9 @@ class ChatRequest:
     json_schema: Mapping[str, Any] | None = None
     """Ask for structured output matching this JSON schema (OpenAI ``response_format``;
     vLLM and SGLang honour it with guided decoding). None: free text."""
+    extra_body: Mapping[str, Any] | None = None
+    """Server-specific fields merged into the body as given, like the OpenAI SDK's
+    ``extra_body``: e.g. vLLM's ``{"structured_outputs": {"regex": ...}}``."""
 
     def payload(self, model: str) -> dict[str, Any]:
         """The OpenAI ``/chat/completions`` body."""
@@ -47,6 +50,8 @@ class ChatRequest:
         if self.json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "verdict", "schema": dict(self.json_schema), "strict": True}}
+        if self.extra_body:
+            body.update({k: v for k, v in self.extra_body.items() if k not in body})
         return body
 
     def cache_key(self, backend: str, model: str) -> str:

@@ -97,6 +97,8 @@ def resolve_backend(override: BackendOverride | None,
         raise JudgeConfigError(f"no judge backend named {choice.name!r} is configured "
                                f"(configured: {names}); {hint}")
     raw = dict(raw)
+    if raw.get("kind") == "transformers" and choice.model is not None:
+        check_model_path(choice.model, env)  # a request may not load any directory
     if choice.base_url is not None:
         if env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() not in ("1", "true", "yes"):
             raise JudgeConfigError("a request may not name a judge base_url unless the "
@@ -119,6 +121,12 @@ def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBacken
     if kind == "transformers":
         from verifiers.judge.local import TransformersChatBackend
 
+        allowed = {"model", "device", "dtype", "batch_size"}
+        unknown = set(raw) - allowed
+        if unknown or "model" not in raw:
+            raise JudgeConfigError(f"judge backend {name!r} (transformers) takes model (a local "
+                                   f"directory), device, dtype and batch_size; got "
+                                   f"{', '.join(sorted(raw))}")
         return TransformersChatBackend(name=name, **raw)
     if kind != "openai":
         raise JudgeConfigError(f"judge backend {name!r}: unknown kind {kind!r} "
@@ -132,6 +140,38 @@ def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBacken
         return OpenAIChatBackend(OpenAIConfig(name=name, **raw))
     except TypeError as exc:
         raise JudgeConfigError(f"judge backend {name!r}: {exc}") from None
+
+
+def check_model_path(path: str, environ: Mapping[str, str] | None = None) -> str:
+    """The real path of a local model a request names, if it lies under one of
+    ``REWARDD_MODEL_ROOTS`` (directories separated by ``:``); else :class:`JudgeConfigError`.
+    Without the allow-list a request could make every worker load any directory."""
+    env = os.environ if environ is None else environ
+    roots = [Path(r).resolve() for r in env.get("REWARDD_MODEL_ROOTS", "").split(os.pathsep)
+             if r.strip()]
+    if not roots:
+        raise JudgeConfigError("local models are loaded only from REWARDD_MODEL_ROOTS (the "
+                               "directories holding your models, separated by ':'), which is "
+                               "not set on this worker")
+    real = Path(path).resolve()
+    if not any(real == root or root in real.parents for root in roots):
+        raise JudgeConfigError(f"model {path!r} is not under REWARDD_MODEL_ROOTS "
+                               f"({', '.join(map(str, roots))})")
+    return str(real)
+
+
+def check_endpoint(url: str, environ: Mapping[str, str] | None = None) -> None:
+    """Allow a request's model endpoint only if it is one of ``REWARDD_MODEL_ENDPOINTS``
+    (base URLs separated by ``,``) or REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; else
+    :class:`JudgeConfigError` (a URL from a request is an SSRF on shared infrastructure)."""
+    env = os.environ if environ is None else environ
+    if env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() in ("1", "true", "yes"):
+        return
+    allowed = {u.strip().rstrip("/") for u in env.get("REWARDD_MODEL_ENDPOINTS", "").split(",")
+               if u.strip()}
+    if url.rstrip("/") not in allowed:
+        raise JudgeConfigError(f"endpoint {url!r} is not one of REWARDD_MODEL_ENDPOINTS; add it "
+                               "there (or set REWARDD_JUDGE_ALLOW_REQUEST_URLS=1)")
 
 
 def reset_backends() -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping, Sequence
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
                             Verifier, VerifierParams)
@@ -43,6 +43,13 @@ KINDS_BY_PRIORITY = (FailureKind.judge_unavailable, FailureKind.judge_refused,
                      FailureKind.judge_unparseable)
 """A rollout with several failed criteria reports the most telling kind first: an
 unreachable backend explains refusals and garbage better than the other way round."""
+
+
+CRITERION_SCHEMA = {"type": "object", "additionalProperties": False,
+                    "required": ["explanation", "criteria_met"],
+                    "properties": {"explanation": {"type": "string"},
+                                   "criteria_met": {"type": "boolean"}}}
+"""The one-criterion answer, for judges that constrain decoding to a schema."""
 
 
 class Criterion(VerifierParams):
@@ -76,9 +83,21 @@ class RubricParams(VerifierParams):
     ``{criterion}`` (or ``{criteria}`` with criteria_per_call > 1), filled in fenced."""
     system: str | None = Field(None, max_length=20000)
     """Custom system message; ``{nonce}`` is replaced by the markers' nonce."""
+    structured: bool = False
+    """Ask for the verdict as JSON matching a schema (``response_format``; vLLM and SGLang
+    constrain decoding to it). Only with criteria_per_call 1 and the default template."""
+    extra_body: dict[str, Any] | None = None
+    """Server-specific request fields, e.g. vLLM's ``structured_outputs``."""
     dropout: float = Field(0.0, ge=0.0, le=1.0)
     """Fraction of criteria dropped per group per step (training requests only)."""
     dropout_seed: int = 0
+
+    @model_validator(mode="after")
+    def _structured_one_at_a_time(self) -> RubricParams:
+        if self.structured and (self.criteria_per_call > 1 or self.template is not None):
+            raise ValueError("structured verdicts need criteria_per_call 1 and the default "
+                             "template (the schema is the one-criterion answer)")
+        return self
 
 
 class RubricVerifier(Verifier):
@@ -163,7 +182,9 @@ def _request(sample: Sample, reference: Mapping[str, Any], rubric: Sequence[Crit
     rendered = render(template, RUBRIC_SYSTEM if params.system is None else params.system,
                       fields)
     return ChatRequest(rendered.messages(), max_tokens=params.max_tokens,
-                       temperature=params.temperature, seed=params.seed)
+                       temperature=params.temperature, seed=params.seed,
+                       json_schema=CRITERION_SCHEMA if params.structured else None,
+                       extra_body=params.extra_body)
 
 
 def _ask(backend: Any, requests: list[ChatRequest], owners: list[tuple[int, list[int]]],

@@ -1,0 +1,132 @@
+"""The arena verifier against a real local OpenAI-compatible judge: tournaments over a group,
+rank rewards, swapped orders against position bias, typed failures, agreement sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.judge_server import JudgeServer
+from verifiers import REGISTRY
+from verifiers.base import GroupContext, Sample, run_group_verifier
+from verifiers.judge import openai_compat
+from verifiers.judge.tournament import spearman
+
+
+@pytest.fixture(autouse=True)
+def _clean(judge: JudgeServer) -> None:
+    """Every test starts from a reset judge server, reply cache and backend set."""
+
+
+def arena(qualities: list[float] | list[str], params: dict[str, Any] | None = None,
+          reference: dict[str, Any] | None = None,
+          context: GroupContext | None = None) -> list[Any]:
+    texts = [q if isinstance(q, str) else f"My answer. quality={q}" for q in qualities]
+    return run_group_verifier(REGISTRY["arena"], [Sample(t, prompt="Explain tides.")
+                                                  for t in texts],
+                              reference or {}, params or {}, context or GroupContext("r", "g"))
+
+
+def test_round_robin_ranks_a_group_by_the_judges_verdicts(judge: JudgeServer) -> None:
+    out = arena([3, 9, 1, 6], {"scheme": "round_robin"})
+    assert [o.reward for o in out] == [1 / 3, 1.0, 0.0, 2 / 3]
+    assert len(judge.requests) == 6 == out[0].detail["judge_calls"]
+    assert out[1].detail["wins"] == 3 and out[2].detail["losses"] == 3
+    assert out[0].detail["judge"]["shared_by"] == 4
+    assert out[0].detail["judge"]["calls"] == 6
+
+
+def test_ties_share_their_rank() -> None:
+    out = arena([5, 5, 1], {"scheme": "round_robin"})
+    assert [o.reward for o in out] == [0.75, 0.75, 0.0]
+
+
+def test_the_default_scheme_orders_a_larger_group_with_fewer_calls(judge: JudgeServer) -> None:
+    qualities = [7, 2, 15, 11, 4, 9, 0, 13, 6, 1, 14, 3, 10, 8, 12, 5]
+    out = arena(qualities)
+    assert all(o.ok for o in out)
+    assert spearman([o.reward for o in out], qualities) >= 0.9
+    assert len(judge.requests) <= 16 * 15 // 2  # fewer than a one-order round-robin
+
+
+def test_swapping_orders_cancels_position_bias(judge: JudgeServer) -> None:
+    """The judge adds 1.5 quality points to whichever answer it sees first. In one order that
+    can flip close pairs; asked both ways, a close pair disagrees with itself and counts as a tie
+    (never as a wrong win), and clear pairs keep their winner."""
+    rr = {"scheme": "round_robin"}
+    judge.position_bias = 1.5
+    try:
+        one_order = arena([4, 5, 6], {**rr, "swap": False})
+        close = arena([4, 5, 6], {**rr, "swap": True})
+        clear = arena([0, 4, 8], {**rr, "swap": True})
+    finally:
+        judge.position_bias = 0.0
+    assert one_order[0].detail["judge_calls"] == 3 and one_order[0].detail["inconsistent"] == 0
+    assert close[0].detail["judge_calls"] == 6 and close[0].detail["inconsistent"] == 2
+    assert [o.reward for o in close] == [0.0, 0.5, 1.0]  # 4 vs 6 stays decided
+    assert [o.reward for o in clear] == [0.0, 0.5, 1.0] and clear[0].detail["inconsistent"] == 0
+
+
+def test_anchor_scheme_compares_each_rollout_with_the_reference(judge: JudgeServer) -> None:
+    out = arena([2, 8, 5], {"scheme": "anchor"},
+                reference={"anchor": "Reference. quality=5"})
+    assert [o.reward for o in out] == [0.0, 1.0, 0.5]
+    assert len(judge.requests) == 3
+    users = [r["messages"][-1]["content"] for r in judge.requests]
+    assert all("Reference. quality=5" in u for u in users)
+
+
+def test_anchor_scheme_without_an_anchor_is_invalid_reference() -> None:
+    out = arena([1, 2], {"scheme": "anchor"})
+    assert [o.error.value for o in out] == ["invalid_reference"] * 2
+
+
+def test_a_rollout_the_judge_cannot_compare_gets_a_typed_failure(judge: JudgeServer) -> None:
+    out = arena(["quality=3", "GARBAGE-ME", "quality=1"],
+                {"scheme": "round_robin", "retries": 1})
+    assert out[1].error.value == "judge_unparseable" and out[1].reward is None
+    assert [out[0].reward, out[2].reward] == [1.0, 0.0]  # ranked among the decided
+    assert out[0].detail["failed_calls"] == 2
+
+
+def test_a_judge_that_is_down_fails_every_rollout(judge: JudgeServer) -> None:
+    judge.faults.extend([("status", 400)] * 10)
+    out = arena([1, 2, 3], {"scheme": "round_robin"})
+    assert [o.error.value for o in out] == ["judge_unavailable"] * 3
+
+
+def test_agreement_with_a_full_round_robin_is_reported_when_sampled() -> None:
+    out = arena([5, 1, 9, 3], {"scheme": "round_robin", "agreement_sample": 1.0})
+    assert out[0].detail["agreement_with_round_robin"] == 1.0
+    one_round = arena([5, 1, 9, 3], {"agreement_sample": 1.0})  # swiss: 1 round for 4
+    assert -1.0 <= one_round[0].detail["agreement_with_round_robin"] < 1.0
+    assert one_round[0].detail["judge_calls"] == 2
+    assert "agreement_with_round_robin" not in arena([5, 1], {"agreement_sample": 0.0})[0].detail
+
+
+def test_each_group_and_step_draws_its_own_bracket(judge: JudgeServer) -> None:
+    params = {"scheme": "single_elimination"}
+    pairs = []
+    for group in ("g1", "g2"):
+        judge.reset()
+        arena([1, 2, 3, 4, 5, 6, 7, 8], params, context=GroupContext("r", group, 1))
+        pairs.append(sorted(r["messages"][-1]["content"] for r in judge.requests))
+    assert pairs[0] != pairs[1]
+    judge.reset()
+    openai_compat.CACHE.clear()  # ask again rather than read the cached answers
+    arena([1, 2, 3, 4, 5, 6, 7, 8], params, context=GroupContext("r", "g1", 1))
+    assert sorted(r["messages"][-1]["content"] for r in judge.requests) == pairs[0]
+
+
+def test_a_single_rollout_group_says_why_it_cannot_be_ranked() -> None:
+    [out] = arena([3])
+    assert out.error.value == "invalid_reference" and "at least two" in out.detail["message"]
+
+
+def test_unknown_schemes_and_options_are_refused() -> None:
+    with pytest.raises(Exception, match="unknown scheme"):
+        REGISTRY["arena"].Params.model_validate({"scheme": "knockout"})
+    with pytest.raises(Exception, match="has no option"):
+        REGISTRY["arena"].Params.model_validate({"scheme": "round_robin",
+                                                 "options": {"rounds": 3}})
