@@ -77,6 +77,8 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_estimators.py
 	$(PY) tests/benchmarks/bench_distributed.py
+	$(PY) tests/benchmarks/bench_arena.py
+	$(PY) tests/benchmarks/bench_judges.py
 
 openapi: install
 	$(VENV)/bin/rewardd openapi

@@ -35,9 +35,15 @@ from typing import Any, Iterator
 NONCE = re.compile(r"<<<NAME-([0-9a-f]{12})>>>")
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # socketserver's default of 5 drops bursts of new connections
+
+
 class JudgeServer:
-    def __init__(self, position_bias: float = 0.0) -> None:
+    def __init__(self, position_bias: float = 0.0, latency_s: float = 0.0) -> None:
         self.position_bias = position_bias
+        self.latency_s = latency_s
+        """Every answer waits this long (a model's time, for benchmarks)."""
         self.faults: deque[tuple[Any, ...]] = deque()
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -45,6 +51,7 @@ class JudgeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as two writes
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -77,7 +84,7 @@ class JudgeServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -101,6 +108,8 @@ class JudgeServer:
     # ---- the "model" -------------------------------------------------------------------
 
     def answer(self, handler: Any, body: dict[str, Any], fault: tuple[Any, ...] | None) -> None:
+        if self.latency_s:
+            time.sleep(self.latency_s)
         if fault is not None:
             kind = fault[0]
             if kind == "status":

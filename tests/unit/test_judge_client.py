@@ -225,3 +225,10 @@ def test_extra_body_fields_reach_the_server_without_overriding_ours(server: Judg
     sent = server.requests[-1]
     assert sent["structured_outputs"] == {"regex": "yes|no"} and sent["top_k"] == 5
     assert sent["model"] == "rule-judge"
+
+
+def test_equal_requests_in_one_batch_are_sent_once(server: JudgeServer) -> None:
+    replies = backend(server).chat([question(7), question(8), question(7), question(7)])
+    assert len(server.requests) == 2
+    assert [r.cached for r in replies] == [False, False, True, True]
+    assert replies[2].text == replies[0].text

@@ -129,26 +129,32 @@ class OpenAIChatBackend(ChatBackend):
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
         self._pid: int | None = None
+        self.posts = 0
+        """HTTP requests this backend has sent in this process (retries included)."""
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         if not requests:
             return []
         results: list[ChatResult | None] = [None] * len(requests)
         keys = [r.cache_key(self.name, self.model) for r in requests]
-        todo: list[int] = []
+        todo: dict[str, list[int]] = {}  # equal requests of one batch are sent once
         for i, key in enumerate(keys):
             hit = self._cache.get(key) if self._cache is not None else None
             if hit is not None:
-                results[i] = ChatReply(hit.text, hit.finish_reason, hit.prompt_tokens,
-                                       hit.completion_tokens, hit.refusal, cached=True)
+                results[i] = _cached(hit)
+            elif self._cache is not None:
+                todo.setdefault(key, []).append(i)
             else:
-                todo.append(i)
+                todo[f"{i}"] = [i]
         if todo:
-            answers = _LoopThread.get().run(self._send_all([requests[i] for i in todo]))
-            for i, answer in zip(todo, answers):
-                results[i] = answer
+            firsts = [indexes[0] for indexes in todo.values()]
+            answers = _LoopThread.get().run(self._send_all([requests[i] for i in firsts]))
+            for (key, indexes), answer in zip(todo.items(), answers):
+                results[indexes[0]] = answer
+                for i in indexes[1:]:
+                    results[i] = _cached(answer) if isinstance(answer, ChatReply) else answer
                 if self._cache is not None and isinstance(answer, ChatReply):
-                    self._cache.put(keys[i], answer)
+                    self._cache.put(key, answer)
         return results  # type: ignore[return-value]
 
     async def _send_all(self, requests: list[ChatRequest]) -> list[ChatResult]:
@@ -185,6 +191,7 @@ class OpenAIChatBackend(ChatBackend):
             wait: float | None = None
             async with self._semaphore:
                 try:
+                    self.posts += 1
                     response = await self._client.post("/chat/completions", json=body)
                 except (httpx.TimeoutException, httpx.TransportError) as exc:
                     status, last = None, f"{type(exc).__name__}: {exc}"
@@ -202,6 +209,12 @@ class OpenAIChatBackend(ChatBackend):
         return JudgeUnavailable(f"{self.name} ({self.model}) at {self.config.base_url}: {last}"
                                 f" (after {attempts} attempt{'s' if attempts > 1 else ''})",
                                 status, attempts)
+
+
+def _cached(reply: ChatReply) -> ChatReply:
+    """A reply served without asking (its usage is not spent again)."""
+    return ChatReply(reply.text, reply.finish_reason, reply.prompt_tokens,
+                     reply.completion_tokens, reply.refusal, cached=True)
 
 
 def _reply(response: Any, attempts: int) -> ChatResult:
