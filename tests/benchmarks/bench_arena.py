@@ -48,8 +48,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verifiers.judge.tournament import (  # noqa: E402
-    DEFAULT_SCHEME, Match, Verdict, default_options, run_tournament, spearman)
+from verifiers.judge.games import Match, Verdict  # noqa: E402
+from verifiers.judge.ratings import spearman  # noqa: E402
+from verifiers.judge.tournament import DEFAULT_SCHEME, default_options, run_tournament  # noqa: E402,E501
 
 TAU = 0.5
 TIE_BAND = 0.5

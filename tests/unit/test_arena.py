@@ -11,7 +11,7 @@ from tests.support.judge_server import JudgeServer
 from verifiers import REGISTRY
 from verifiers.base import GroupContext, Sample, run_group_verifier
 from verifiers.judge import openai_compat
-from verifiers.judge.tournament import spearman
+from verifiers.judge.ratings import spearman
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from verifiers.judge.tournament import (
-    DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES, SCORINGS, Match, Verdict, _pair_avoiding_rematches,
-    bt_scores, default_options, elo_scores, merge_orders, run_tournament, spearman,
-    win_rate_scores)
+from verifiers.judge.games import Match, Verdict, merge_orders
+from verifiers.judge.ratings import SCORINGS, bt_scores, elo_scores, spearman, win_rate_scores
+from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
+                                        _pair_avoiding_rematches, default_options,
+                                        run_tournament)
 
 A2, A1, TIE, B1, B2 = (Verdict.A_MUCH_BETTER, Verdict.A_BETTER, Verdict.TIE, Verdict.B_BETTER,
                        Verdict.B_MUCH_BETTER)

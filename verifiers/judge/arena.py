@@ -36,9 +36,11 @@ from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_ba
 from verifiers.judge.rubric import KINDS_BY_PRIORITY
 from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, parse_pairwise,
                                        reference_text, render)
-from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES, SCORINGS,
-                                        TournamentResult, Verdict, default_options,
-                                        run_tournament, scheme_options, spearman)
+from verifiers.judge.games import Verdict
+from verifiers.judge.ratings import SCORINGS, average_ranks, spearman
+from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
+                                        TournamentResult, default_options, run_tournament,
+                                        scheme_options)
 
 ANCHOR_SCHEMES = ("anchor",)
 
@@ -191,20 +193,9 @@ def _sampled(seed: int, fraction: float) -> bool:
 
 def _ranks(scores: Sequence[float]) -> list[float]:
     """Each score's rank scaled to [0, 1] (1 = best), ties sharing their mean rank."""
-    n = len(scores)
-    if n == 1:
+    if len(scores) == 1:
         return [1.0]
-    order = sorted(range(n), key=lambda i: scores[i])
-    ranks = [0.0] * n
-    start = 0
-    while start < n:
-        end = start
-        while end + 1 < n and scores[order[end + 1]] == scores[order[start]]:
-            end += 1
-        for k in range(start, end + 1):
-            ranks[order[k]] = (start + end) / 2 / (n - 1)
-        start = end + 1
-    return ranks
+    return [rank / (len(scores) - 1) for rank in average_ranks(scores)]
 
 
 def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge,

@@ -21,12 +21,13 @@ With ``swap=True`` every comparison is asked in both orders in the same round, w
 the judge's position bias: an LLM judge prefers the answer shown first often enough that its
 verdict flips on about one pair in eight when the two answers swap.
 
-Simulated accuracy and cost of each scheme: ``tests/benchmarks/bench_arena.py``.
+The verdicts and recorded comparisons are :mod:`verifiers.judge.games`, the score fits
+:mod:`verifiers.judge.ratings`. Simulated accuracy and cost of each scheme:
+``tests/benchmarks/bench_arena.py``.
 """
 
 from __future__ import annotations
 
-import enum
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -34,23 +35,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-SLIGHT = 0.75
-"""The game result of a slight preference (``A>B``) for Bradley-Terry and Elo: halfway between
-a tie (0.5) and a win (``A>>B``, 1). Each verdict is one game with that fractional result.
-Arena-Hard instead counts ``>>`` as three won games; scoring the same comparisons both ways
-on the simulated judge of ``tests/benchmarks/bench_arena.py`` (N = 16, 400 groups), the
-graded result ranked better with every design tried: Swiss 7 rounds 0.906 vs 0.897
-Spearman, round robin 0.946 vs 0.936."""
-
-BT_PRIOR = 1.0
-"""Bradley-Terry regularisation: every rollout plays this many virtual games against an
-average rollout (strength 0), half won and half lost. It keeps an undefeated
-rollout finite and the fit unique when the comparison graph is not connected."""
-
-ELO_K = 4.0
-ELO_SHUFFLES = 16
-"""Sequential Elo with Arena-Hard's K = 4 depends on the order of the games; the score is
-the mean over this many seeded orders."""
+from verifiers.judge.games import JudgeRound, Match, merge_orders
+from verifiers.judge.ratings import SCORINGS, average_ranks
 
 DEFAULT_SCHEME = "swiss"
 DEFAULT_OPTIONS: dict[str, Any] = {"scoring": "bt", "swap": False, "rounds": 7}
@@ -77,77 +63,6 @@ calls (log2 N rounds: 0.855 with swap, 0.854 without).
 """
 
 
-class Verdict(enum.Enum):
-    """A pairwise judge's answer on the five-step Arena-Hard scale; ``A`` is the first shown."""
-
-    A_MUCH_BETTER = "A>>B"
-    A_BETTER = "A>B"
-    TIE = "A=B"
-    B_BETTER = "B>A"
-    B_MUCH_BETTER = "B>>A"
-
-    @classmethod
-    def parse(cls, label: str) -> Verdict:
-        """The verdict of a label, whitespace ignored. Accepted: the five values, and the same
-        relations written the other way round (``B<A``, ``B<<A``, ``B=A``, ``A<B``, ``A<<B``).
-        Anything else is a ValueError: a label is never guessed."""
-        try:
-            return _LABELS["".join(label.split())]
-        except KeyError:
-            raise ValueError(f"not a pairwise verdict label: {label!r}") from None
-
-    @property
-    def margin(self) -> int:
-        """+2 (``A>>B``) ... -2 (``B>>A``): the preference for A, with its strength."""
-        return _MARGINS[self]
-
-    @property
-    def outcome(self) -> float:
-        """A's plain result: 1 for a preference, 0.5 for a tie, 0 against, whatever strength."""
-        return 0.5 + 0.5 * (self.margin > 0) - 0.5 * (self.margin < 0)
-
-    @property
-    def score(self) -> float:
-        """A's graded result: 1, :data:`SLIGHT`, 0.5, 1 - :data:`SLIGHT`, 0."""
-        return {2: 1.0, 1: SLIGHT, 0: 0.5, -1: 1.0 - SLIGHT, -2: 0.0}[self.margin]
-
-    def flipped(self) -> Verdict:
-        """The same judgement with the two answers' places exchanged (``A>B`` -> ``B>A``)."""
-        return _BY_MARGIN[-self.margin]
-
-
-_MARGINS = {Verdict.A_MUCH_BETTER: 2, Verdict.A_BETTER: 1, Verdict.TIE: 0,
-            Verdict.B_BETTER: -1, Verdict.B_MUCH_BETTER: -2}
-_BY_MARGIN = {margin: verdict for verdict, margin in _MARGINS.items()}
-_LABELS = {**{v.value: v for v in Verdict}, "B<A": Verdict.A_BETTER,
-           "B<<A": Verdict.A_MUCH_BETTER, "B=A": Verdict.TIE, "A<B": Verdict.B_BETTER,
-           "A<<B": Verdict.B_MUCH_BETTER}
-
-JudgeRound = Callable[[list[tuple[int, int]]], Sequence[Verdict | None]]
-"""Judges a whole round: one verdict per ordered pair, in order; None where the judge failed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """One recorded comparison of rollout ``a`` with rollout ``b``; the verdict is seen from
-    ``a`` (A is ``a``). ``orders`` is 2 for a swapped comparison: asked as (a, b) and (b, a)."""
-
-    a: int
-    b: int
-    verdict: Verdict | None
-    """None: the judge failed in every order asked; the comparison is missing."""
-    round: int
-    orders: int = 1
-    consistent: bool | None = None
-    """For a swapped comparison answered in both orders: whether both preferred the same
-    rollout (or both said tie). None when there was only one answer."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "round": self.round, "orders": self.orders,
-                "verdict": self.verdict.value if self.verdict else None,
-                "consistent": self.consistent}
-
-
 @dataclass(slots=True)
 class TournamentResult:
     """Scores (one per rollout, higher is better, the anchor excluded) and what they cost."""
@@ -169,112 +84,6 @@ class TournamentResult:
         return {"scores": self.scores, "calls": self.calls, "failed": self.failed,
                 "inconsistent": self.inconsistent, "rounds": self.rounds,
                 "matches": [m.to_dict() for m in self.matches]}
-
-
-def merge_orders(first: Verdict | None,
-                 second: Verdict | None) -> tuple[Verdict | None, bool | None]:
-    """One verdict from asking (a, b) -> ``first`` and (b, a) -> ``second``, seen from ``a``.
-
-    Both orders preferring the same rollout (or both a tie): consistent, the weaker of the two
-    strengths is kept. Otherwise (opposite preferences, or a tie against a preference): the
-    verdict depended on the position, and counts as a tie. A failed order leaves the other.
-    """
-    if second is not None:
-        second = second.flipped()
-    if first is None or second is None:
-        return (first if first is not None else second), None
-    if np.sign(first.margin) == np.sign(second.margin):
-        return min(first, second, key=lambda v: abs(v.margin)), True
-    return Verdict.TIE, False
-
-
-# --- scoring -------------------------------------------------------------------------------
-
-Scoring = Callable[[int, Sequence[Match], int], np.ndarray]
-
-
-def _decided(matches: Iterable[Match]) -> list[tuple[int, int, Verdict]]:
-    return [(m.a, m.b, m.verdict) for m in matches if m.verdict is not None]
-
-
-def bt_scores(players: int, matches: Sequence[Match], seed: int = 0,
-              prior: float = BT_PRIOR) -> np.ndarray:
-    """Bradley-Terry log-strengths, maximum a posteriori, by Newton's method.
-
-    Model: P(i beats j) = 1 / (1 + exp(theta_j - theta_i)). Each verdict is one game that i
-    wins by its graded :attr:`Verdict.score` (1, 0.75, 0.5 for a tie, ...) and j by the
-    rest. Maximised:
-    sum_ij wins_ij log P(i beats j) + prior * sum_i [log s(theta_i) + log s(-theta_i)] / 2,
-    with s the logistic function: the prior term is :data:`BT_PRIOR` virtual games, half won,
-    against a rollout of strength 0 (the centre of the scale). The objective is strictly
-    concave (for prior > 0), so damped Newton steps converge to its one maximum in a few
-    iterations. ``seed`` is unused.
-    """
-    wins = np.zeros((players, players))
-    for a, b, verdict in _decided(matches):
-        wins[a, b] += verdict.score
-        wins[b, a] += 1.0 - verdict.score
-    games = wins + wins.T
-    theta = np.zeros(players)
-
-    def objective(t: np.ndarray) -> float:
-        diff = t[:, None] - t[None, :]
-        return float(-(wins * np.logaddexp(0.0, -diff)).sum()
-                     - prior * 0.5 * (np.logaddexp(0.0, -t) + np.logaddexp(0.0, t)).sum())
-
-    current = objective(theta)
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(theta[None, :] - theta[:, None]))
-        s = 1.0 / (1.0 + np.exp(-theta))
-        grad = (wins - games * p).sum(axis=1) + prior * (0.5 - s)
-        curvature = games * p * (1.0 - p)
-        hessian = curvature - np.diag(curvature.sum(axis=1) + prior * s * (1.0 - s))
-        step = np.linalg.solve(hessian, -grad)
-        scale = 1.0
-        while True:  # halve the step until the objective does not fall (concave: terminates)
-            candidate = theta + scale * step
-            value = objective(candidate)
-            if value >= current - 1e-12 or scale < 1e-6:
-                break
-            scale /= 2
-        theta, current = candidate, value
-        if np.abs(scale * step).max() < 1e-10:
-            break
-    return theta
-
-
-def win_rate_scores(players: int, matches: Sequence[Match], seed: int = 0) -> np.ndarray:
-    """(wins + ties / 2) / games, each comparison one game whatever its strength; 0.5 for a
-    rollout without a decided game. ``seed`` is unused."""
-    points, games = np.zeros(players), np.zeros(players)
-    for a, b, verdict in _decided(matches):
-        points[a] += verdict.outcome
-        points[b] += 1.0 - verdict.outcome
-        games[a] += 1
-        games[b] += 1
-    return np.divide(points, games, out=np.full(players, 0.5), where=games > 0)
-
-
-def elo_scores(players: int, matches: Sequence[Match], seed: int = 0) -> np.ndarray:
-    """Sequential Elo from 1000 with K = :data:`ELO_K` (Arena-Hard), each verdict one game
-    with its graded :attr:`Verdict.score`, averaged over :data:`ELO_SHUFFLES` orders drawn
-    from ``seed`` (Elo depends on the order the games are played in)."""
-    games = _decided(matches)
-    rng = np.random.default_rng(seed)
-    total = np.zeros(players)
-    for _ in range(ELO_SHUFFLES):
-        rating = np.full(players, 1000.0)
-        for k in rng.permutation(len(games)):
-            a, b, verdict = games[k]
-            expected = 1.0 / (1.0 + 10.0 ** ((rating[b] - rating[a]) / 400.0))
-            delta = ELO_K * (verdict.score - expected)
-            rating[a] += delta
-            rating[b] -= delta
-        total += rating
-    return total / ELO_SHUFFLES
-
-
-SCORINGS: dict[str, Scoring] = {"bt": bt_scores, "win_rate": win_rate_scores, "elo": elo_scores}
 
 
 # --- the running tournament ----------------------------------------------------------------
@@ -409,7 +218,7 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
     if all(m.verdict is None for m in arena.matches):
         return [0.5] * n
     final = arena.scores()
-    ranks = _average_ranks([(advanced[i], final[i]) for i in range(n)])
+    ranks = average_ranks([(advanced[i], final[i]) for i in range(n)])
     return [r / (n - 1) for r in ranks]
 
 
@@ -546,29 +355,3 @@ def run_tournament(n: int, judge_round: JudgeRound, *, scheme: str = DEFAULT_SCH
     if n < 2:
         return arena.result([0.0] * n)
     return arena.result(SCHEMES[scheme](arena, n, **options))
-
-
-def _average_ranks(values: Sequence[Any]) -> list[float]:
-    """0-based ranks, ascending; equal values share the mean of their ranks."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for k in range(start, end + 1):
-            ranks[order[k]] = (start + end) / 2
-        start = end + 1
-    return ranks
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation, ties by average ranks. 0.0 when either side is constant
-    (a ranking that orders nothing agrees with nothing)."""
-    if len(a) != len(b):
-        raise ValueError(f"spearman of {len(a)} and {len(b)} values")
-    ra, rb = np.array(_average_ranks(a)), np.array(_average_ranks(b))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
-    return float((ra * rb).sum() / denominator) if denominator > 0 else 0.0
