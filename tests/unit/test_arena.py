@@ -130,3 +130,13 @@ def test_unknown_schemes_and_options_are_refused() -> None:
     with pytest.raises(Exception, match="has no option"):
         REGISTRY["arena"].Params.model_validate({"scheme": "round_robin",
                                                  "options": {"rounds": 3}})
+
+
+def test_a_custom_template_and_verdict_pattern() -> None:
+    template = ("Which of {response_a} and {response_b} answers {prompt} better? "
+                "End with [[A>B]], [[A=B]] or [[B>A]].")
+    out = arena([2, 7, 4], {"scheme": "round_robin", "template": template,
+                            "verdict_pattern": r"\[\[(?P<verdict>[AB][<>=]+[AB])\]\]"})
+    assert [o.reward for o in out] == [0.0, 1.0, 0.5]
+    with pytest.raises(Exception, match="named group"):
+        REGISTRY["arena"].Params.model_validate({"verdict_pattern": r"\[\[(.*)\]\]"})

@@ -26,7 +26,7 @@ import hashlib
 import json
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
                             Verifier, VerifierParams)
@@ -34,8 +34,9 @@ from verifiers.judge.asking import JudgeFailure, ask_all
 from verifiers.judge.backend import ChatBackend, ChatRequest, Usage
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from verifiers.judge.rubric import KINDS_BY_PRIORITY
-from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, parse_pairwise,
-                                       reference_text, render)
+from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, check_pattern,
+                                       parse_pairwise, parse_with_pattern, reference_text,
+                                       render)
 from verifiers.judge.games import Verdict
 from verifiers.judge.ratings import SCORINGS, average_ranks, spearman
 from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
@@ -71,6 +72,15 @@ class ArenaParams(VerifierParams):
     """Custom user message with ``{prompt}``, ``{reference}``, ``{response_a}``,
     ``{response_b}`` (filled in fenced); it must ask for a ``[[A>B]]``-style label."""
     system: str | None = Field(None, max_length=20000)
+    verdict_pattern: str | None = Field(None, max_length=1000)
+    """Custom verdict parser for a custom template: a regular expression with a named group
+    ``verdict`` capturing one of A>>B, A>B, A=B, B>A, B>>A (or A<B, A<<B...); every match in
+    the answer must agree."""
+
+    @field_validator("verdict_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return check_pattern(value, "verdict")
 
     @model_validator(mode="after")
     def _known(self) -> ArenaParams:
@@ -148,7 +158,7 @@ class _Judge:
     def __call__(self, pairs: list[tuple[int, int]]) -> list[Verdict | None]:
         requests = [self._request(i, j) for i, j in pairs]
         answers = ask_all(self.backend, requests,
-                          lambda _, text: Verdict.parse(parse_pairwise(text)),
+                          self._parse,
                           self.params.retries, self.usage)
         verdicts: list[Verdict | None] = []
         for (i, j), answer in zip(pairs, answers):
@@ -159,6 +169,15 @@ class _Judge:
             else:
                 verdicts.append(answer.value)
         return verdicts
+
+    def _parse(self, index: int, text: str) -> Verdict:
+        if self.params.verdict_pattern is None:
+            return Verdict.parse(parse_pairwise(text))
+        label = parse_with_pattern(text, self.params.verdict_pattern, "verdict")
+        try:
+            return Verdict.parse(label)
+        except ValueError as exc:
+            raise Unparseable(str(exc)) from None
 
     def _request(self, i: int, j: int) -> ChatRequest:
         fields = {"prompt": self.prompt, "reference": self.reference,

@@ -35,8 +35,9 @@ from verifiers.dropout import rubric_keep_mask
 from verifiers.judge.asking import Answer, JudgeFailure, ask_all
 from verifiers.judge.backend import ChatRequest, Usage
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
-from verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, parse_criteria,
-                                       parse_criterion, reference_text, render)
+from verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, as_bool,
+                                       check_pattern, parse_criteria, parse_criterion,
+                                       parse_with_pattern, reference_text, render)
 from verifiers.text import truncate
 
 KINDS_BY_PRIORITY = (FailureKind.judge_unavailable, FailureKind.judge_refused,
@@ -83,6 +84,10 @@ class RubricParams(VerifierParams):
     ``{criterion}`` (or ``{criteria}`` with criteria_per_call > 1), filled in fenced."""
     system: str | None = Field(None, max_length=20000)
     """Custom system message; ``{nonce}`` is replaced by the markers' nonce."""
+    verdict_pattern: str | None = Field(None, max_length=1000)
+    """Custom verdict parser for a custom template: a regular expression with a named group
+    ``met`` (true/false/yes/no); every match in the answer must agree. One criterion per
+    call only."""
     structured: bool = False
     """Ask for the verdict as JSON matching a schema (``response_format``; vLLM and SGLang
     constrain decoding to it). Only with criteria_per_call 1 and the default template."""
@@ -92,8 +97,16 @@ class RubricParams(VerifierParams):
     """Fraction of criteria dropped per group per step (training requests only)."""
     dropout_seed: int = 0
 
+    @field_validator("verdict_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return check_pattern(value, "met")
+
     @model_validator(mode="after")
     def _structured_one_at_a_time(self) -> RubricParams:
+        if self.verdict_pattern is not None and self.criteria_per_call > 1:
+            raise ValueError("verdict_pattern reads one criterion per answer: use "
+                             "criteria_per_call 1")
         if self.structured and (self.criteria_per_call > 1 or self.template is not None):
             raise ValueError("structured verdicts need criteria_per_call 1 and the default "
                              "template (the schema is the one-criterion answer)")
@@ -191,6 +204,9 @@ def _ask(backend: Any, requests: list[ChatRequest], owners: list[tuple[int, list
          params: RubricParams, usages: list[Usage]) -> list[Answer[Any] | JudgeFailure]:
     def parse(index: int, text: str) -> dict[int, tuple[bool, str]]:
         chunk = owners[index][1]
+        if params.verdict_pattern is not None:
+            met = parse_with_pattern(text, params.verdict_pattern, "met")
+            return {chunk[0]: (as_bool(met), truncate(text))}
         if params.criteria_per_call == 1:
             return {chunk[0]: parse_criterion(text)}
         return parse_criteria(text, chunk)

@@ -179,7 +179,7 @@ def json_objects(text: str) -> list[Any]:
         index = end
 
 
-def _as_bool(value: Any) -> bool:
+def as_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no"):
@@ -190,7 +190,7 @@ def _as_bool(value: Any) -> bool:
 def parse_criterion(text: str) -> tuple[bool, str]:
     """(met, explanation) from a one-criterion answer. Every JSON object carrying
     ``criteria_met`` must agree, else :class:`Unparseable`."""
-    verdicts = [(_as_bool(obj["criteria_met"]), str(obj.get("explanation", "")))
+    verdicts = [(as_bool(obj["criteria_met"]), str(obj.get("explanation", "")))
                 for obj in json_objects(text) if isinstance(obj, dict) and "criteria_met" in obj]
     if not verdicts:
         raise Unparseable("no JSON object with criteria_met in the answer")
@@ -215,7 +215,7 @@ def parse_criteria(text: str, ids: Sequence[int]) -> dict[int, tuple[bool, str]]
                     raise Unparseable(f"a results entry has id {entry.get('id')!r}") from None
                 if key in parsed:
                     raise Unparseable(f"criterion {key} is graded twice")
-                parsed[key] = (_as_bool(entry["criteria_met"]), str(entry.get("explanation", "")))
+                parsed[key] = (as_bool(entry["criteria_met"]), str(entry.get("explanation", "")))
             candidates.append(parsed)
     if not candidates:
         raise Unparseable("no JSON object with a results list in the answer")
@@ -240,6 +240,33 @@ def parse_pairwise(text: str) -> str:
     if len(labels) > 1:
         raise Unparseable(f"contradicting verdict labels: {', '.join(sorted(labels))}")
     return labels.pop()
+
+
+def parse_with_pattern(text: str, pattern: str, group: str) -> str:
+    """The one value of named ``group`` that every match of a custom ``pattern`` agrees on
+    (a request's own verdict format); none, or matches that disagree, are
+    :class:`Unparseable`, as with the default formats."""
+    values = {m.group(group).strip() for m in re.finditer(pattern, text)
+              if m.group(group) is not None}
+    if not values:
+        raise Unparseable(f"the verdict pattern {pattern!r} does not match the answer")
+    if len(values) > 1:
+        raise Unparseable(f"the verdict pattern matched contradicting values: "
+                          f"{', '.join(sorted(values))}")
+    return values.pop()
+
+
+def check_pattern(pattern: str | None, group: str) -> str | None:
+    """A custom verdict pattern must compile and name ``group`` (a params validator)."""
+    if pattern is None:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"verdict_pattern does not compile: {exc}") from None
+    if group not in compiled.groupindex:
+        raise ValueError(f"verdict_pattern needs a named group (?P<{group}>...)")
+    return pattern
 
 
 def looks_like_refusal(text: str) -> bool:
