@@ -60,7 +60,7 @@ class EmbeddedExecutor(Executor):
     def __init__(self, pool_size: int, plugins: Sequence[str] = ()) -> None:
         self.pool_size = pool_size
         self._pool = pebble.ProcessPool(max_workers=pool_size, context=_context(plugins),
-                                        initializer=init_worker)
+                                        initializer=init_worker, initargs=(tuple(plugins),))
 
     async def run(self, calls: Sequence[VerifyCall],
                   progress: ProgressCallback | None = None,

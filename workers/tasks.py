@@ -7,6 +7,7 @@ importable at module level, which the forkserver and Celery both require.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import time
 from typing import Any, Mapping, Sequence
@@ -98,8 +99,12 @@ def ping_task() -> str:
     return "pong"
 
 
-def init_worker() -> None:
+def init_worker(plugins: Sequence[str] = ()) -> None:
     """Run once in each embedded worker process before its first task.
+
+    Imports the executor's verifier plugins. The forkserver usually preloaded them already,
+    but there is one forkserver per process and its preload list is the first executor's:
+    a later executor with other plugins would otherwise find its verifiers missing.
 
     pebble stops a worker that overran its hard limit with SIGTERM and waits 3 s before
     SIGKILL; its SIGTERM handler is Python code, which cannot run while the worker is stuck
@@ -109,6 +114,8 @@ def init_worker() -> None:
     clean exit: results travel only after a task returns.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for plugin in plugins:
+        importlib.import_module(plugin)
 
 
 def warm_up() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from service import pipeline
 from service.models import ScoreRequest
-from tests.integration.conftest import make_settings
+from tests.integration.conftest import PLUGINS, make_settings
 from tests.support.judge_server import JudgeServer
 from workers.distributed import CeleryExecutor
 from workers.embedded import EmbeddedExecutor
@@ -60,7 +60,7 @@ async def test_rubric_on_a_gpu_worker_matches_the_embedded_pool(
     for key, value in judge_env.items():
         monkeypatch.setenv(key, value)  # the embedded pool's processes inherit it
     celery = CeleryExecutor(SETTINGS)
-    embedded = EmbeddedExecutor(2)
+    embedded = EmbeddedExecutor(2, (PLUGINS,))  # one forkserver per process: same preload
     try:
         assert await embedded.ready(wait_s=120)
         for step, evaluation in ((1, False), (2, False), (2, True)):

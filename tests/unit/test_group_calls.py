@@ -9,6 +9,8 @@ limits added up" or "pebble's 3 s SIGTERM grace", not milliseconds.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from typing import Any, Iterator
 
@@ -19,6 +21,7 @@ import tests.plugins.faulty  # noqa: F401 - registers the test verifiers in this
 from service import pipeline
 from service.models import RewardsRequest
 from service.settings import Settings
+from tests.support.server import REPO_ROOT, child_env
 from verifiers.base import Sample
 from workers.deadline import can_arm
 from workers.embedded import EmbeddedExecutor, _context
@@ -174,3 +177,28 @@ async def test_pipeline_maps_group_results_back_to_rollout_cells(
                      "b4": (4.0, 4.0, True), "b5": (5.0, None, False)}
     b5 = result["groups"][1]["rollouts"][1]["status"]["slow"]
     assert b5["error"] == "timeout" and b5["detail"]["limit_s"] == 0.5
+
+
+def test_a_later_executor_gets_its_plugins_whatever_the_forkserver_preloaded() -> None:
+    """One forkserver per process, preloaded for the first executor only: a second executor
+    with plugins must still find its verifiers (its workers import them themselves)."""
+    script = """
+import asyncio
+from verifiers.base import Sample
+from workers.embedded import EmbeddedExecutor
+from workers.executor import VerifyCall
+
+async def main():
+    first = EmbeddedExecutor(1)
+    assert await first.ready(wait_s=120)
+    second = EmbeddedExecutor(1, ("tests.plugins.faulty",))
+    [result] = await second.run([VerifyCall("test_echo", (Sample("2.5"),), {}, {}, 5.0)])
+    print(result.items[0].outcome.reward, result.items[0].outcome.error)
+    first.close(); second.close()
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=180, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["2.5", "None"], out.stdout
