@@ -47,6 +47,9 @@ class JudgeServer:
         self.faults: deque[tuple[Any, ...]] = deque()
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """Most requests being answered at once since the last reset."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,7 +74,13 @@ class JudgeServer:
                 with server.lock:
                     server.requests.append(body)
                     fault = server.faults.popleft() if server.faults else None
-                server.answer(self, body, fault)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    server.answer(self, body, fault)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
 
             def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
                       raw: bytes | None = None) -> None:
@@ -104,6 +113,7 @@ class JudgeServer:
         with self.lock:
             self.faults.clear()
             self.requests.clear()
+            self.max_in_flight = self.in_flight
 
     # ---- the "model" -------------------------------------------------------------------
 

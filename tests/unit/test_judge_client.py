@@ -232,3 +232,70 @@ def test_equal_requests_in_one_batch_are_sent_once(server: JudgeServer) -> None:
     assert len(server.requests) == 2
     assert [r.cached for r in replies] == [False, False, True, True]
     assert replies[2].text == replies[0].text
+
+
+# ---- the fleet-wide bound (real Redis) ------------------------------------------------------
+
+FLEET_REDIS = "redis://127.0.0.1:6379/12"
+
+
+@pytest.fixture
+def fleet_redis() -> Any:
+    import redis
+
+    client = redis.Redis.from_url(FLEET_REDIS)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def test_the_fleet_bound_holds_across_backends(server: JudgeServer, fleet_redis: Any) -> None:
+    """Two backends (as two worker processes would be), each allowed 4 in flight, share a
+    fleet bound of 3: the server never sees more than 3 at once, and every request is
+    answered; the slots are all returned."""
+    server.latency_s = 0.15
+    try:
+        clients = [backend(server, max_concurrency=4, fleet_max_concurrency=3,
+                           state_url=FLEET_REDIS) for _ in range(2)]
+        results: list[Any] = []
+        threads = [threading.Thread(target=lambda c=c, k=k: results.extend(
+            c.chat([question(100 * k + i) for i in range(6)]))) for k, c in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        server.latency_s = 0.0
+    assert len(results) == 12 and all(isinstance(r, ChatReply) for r in results)
+    assert server.max_in_flight == 3
+    assert fleet_redis.zcard("rewardd:judge-slots:t") == 0
+
+
+def test_a_dead_holders_slots_lapse(server: JudgeServer, fleet_redis: Any) -> None:
+    """Leases a vanished process held block the fleet only until they lapse."""
+    import time as clock
+
+    fleet_redis.zadd("rewardd:judge-slots:t", {"dead": clock.time() + 0.3})
+    started = clock.monotonic()
+    [reply] = backend(server, fleet_max_concurrency=1, state_url=FLEET_REDIS).chat([question()])
+    assert isinstance(reply, ChatReply)
+    assert clock.monotonic() - started >= 0.2  # waited for the lapse
+
+
+def test_without_redis_the_fleet_bound_falls_back_to_the_process_bound(
+        server: JudgeServer) -> None:
+    [reply] = backend(server, fleet_max_concurrency=1,
+                      state_url="redis://127.0.0.1:9/0").chat([question()])
+    assert isinstance(reply, ChatReply)
+
+
+def test_a_fleet_bound_needs_a_redis_url(tmp_path: Any) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"big": {"base_url": "http://x/v1", "model": "m",
+                                        "fleet_max_concurrency": 8}}))
+    with pytest.raises(JudgeConfigError, match="REWARDD_STATE_URL"):
+        resolve_backend(BackendOverride(name="big"), {"REWARDD_JUDGE_BACKENDS_FILE": str(path)})
+    chosen = resolve_backend(BackendOverride(name="big"),
+                             {"REWARDD_JUDGE_BACKENDS_FILE": str(path),
+                              "REWARDD_BROKER_URL": FLEET_REDIS})
+    assert chosen.config.state_url == FLEET_REDIS  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from verifiers.judge.backend import ChatBackend
+from verifiers.judge.fleet import state_url
 from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig
 
 DEFAULT_BACKEND = "default"
@@ -136,9 +137,11 @@ def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBacken
         raw["api_key"] = env.get(key_env)
     if not raw.get("base_url"):
         raise JudgeConfigError(f"judge backend {name!r} has no base_url")
+    if raw.get("fleet_max_concurrency") is not None:
+        raw.setdefault("state_url", state_url(dict(env)))
     try:
         return OpenAIChatBackend(OpenAIConfig(name=name, **raw))
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise JudgeConfigError(f"judge backend {name!r}: {exc}") from None
 
 

@@ -25,6 +25,7 @@ from typing import Any, Coroutine, Sequence
 
 from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
                                      JudgeUnavailable)
+from verifiers.judge.fleet import FleetSlots
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Worth another try: rate limits, overload and gateway errors. Any other 4xx means the
@@ -48,6 +49,11 @@ class OpenAIConfig:
     api_key: str | None = None
     max_concurrency: int = 16
     """Requests in flight at once from one process (each worker process has its own)."""
+    fleet_max_concurrency: int | None = None
+    """Requests in flight at once from every process together (Redis leases,
+    :mod:`verifiers.judge.fleet`); None: no fleet-wide bound."""
+    state_url: str | None = None
+    """Redis for the fleet bound (see :func:`verifiers.judge.fleet.state_url`)."""
     timeout_s: float = 60.0
     max_retries: int = 4
     cost_per_1k_prompt: float = 0.0
@@ -131,6 +137,13 @@ class OpenAIChatBackend(ChatBackend):
         self._pid: int | None = None
         self.posts = 0
         """HTTP requests this backend has sent in this process (retries included)."""
+        self._fleet: FleetSlots | None = None
+        if config.fleet_max_concurrency is not None:
+            if not config.state_url:
+                raise ValueError(f"judge backend {config.name!r}: fleet_max_concurrency needs "
+                                 "Redis: set REWARDD_STATE_URL (or REWARDD_JUDGE_STATE_URL)")
+            self._fleet = FleetSlots(config.state_url, f"rewardd:judge-slots:{config.name}",
+                                     config.fleet_max_concurrency, config.timeout_s)
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         if not requests:
@@ -190,6 +203,7 @@ class OpenAIChatBackend(ChatBackend):
             attempts = attempt + 1
             wait: float | None = None
             async with self._semaphore:
+                lease = await self._fleet.acquire() if self._fleet is not None else None
                 try:
                     self.posts += 1
                     response = await self._client.post("/chat/completions", json=body)
@@ -203,6 +217,9 @@ class OpenAIChatBackend(ChatBackend):
                     if status not in RETRY_STATUSES:
                         break
                     wait = _retry_after(response.headers.get("retry-after"))
+                finally:
+                    if self._fleet is not None:
+                        await self._fleet.release(lease)
             if attempt < self.config.max_retries:
                 cap = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** attempt)
                 await asyncio.sleep(wait if wait is not None else random.uniform(0, cap))
