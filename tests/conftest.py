@@ -1,4 +1,5 @@
-"""Shared fixtures: a real ``rewardd serve`` process for the end-to-end tests."""
+"""Shared fixtures: a real ``rewardd serve`` process for the end-to-end tests, and a real
+OpenAI-compatible judge server for the judge tests of every layer."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.judge_server import JudgeServer
 from tests.support.server import ServerFailed, running_server
 
 SERVER_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -21,3 +23,12 @@ def server() -> Iterator[str]:
             yield url
     except ServerFailed as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    """A rule-based OpenAI-compatible judge server (tests/support/judge_server.py), one per
+    test module, answering over real HTTP on 127.0.0.1."""
+    server = JudgeServer().start()
+    yield server
+    server.stop()

@@ -31,8 +31,9 @@ Task discipline, and why:
   time out again.
 * **Visibility timeout longer than any task.** Otherwise the broker would hand a call that is
   still running to a second worker. The executor splits groups into (and packs them as)
-  tasks whose time limit fits inside ``REWARDD_VISIBILITY_TIMEOUT_S`` (see :func:`max_samples_per_task`), so the bound
-  holds for any group size and any request timeout.
+  tasks whose time limit fits inside ``REWARDD_VISIBILITY_TIMEOUT_S`` (see
+  :func:`max_samples_per_task`), so the bound holds for any group size and any request
+  timeout.
 * **Results expire.** Every stored result has a TTL (``REWARDD_RESULT_TTL_S``) and the
   executor deletes each result as soon as it has read it, so Redis never accumulates them.
 * **Retries only for transient errors.** Publishing retries with backoff on broker

@@ -5,7 +5,8 @@ calls, every failure a typed outcome, and a task that fails as a whole replayed 
 per task so that only the culprit fails. A call (a group's samples through one verifier) is
 one task, several tasks when it is too big for one, or shares a task with other small
 groups when the batch has far more groups than the workers have slots
-(:mod:`workers.packing`: a task's fixed cost is several milliseconds of CPU). The delivery guarantees are the Celery app's (:mod:`workers.celery_app`).
+(:mod:`workers.packing`: a task's fixed cost is several milliseconds of CPU). The delivery
+guarantees are the Celery app's (:mod:`workers.celery_app`).
 
 How results are awaited without blocking the event loop: one poller coroutine per executor
 asks Redis for every pending result key with a single MGET per tick, in a thread of its own
@@ -43,9 +44,9 @@ from kombu.exceptions import OperationalError
 from service import metrics
 from service.settings import Settings
 from verifiers.base import FailureKind, Outcome
-from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned, create_celery,
-                                deliveries_key, max_samples_per_task, parse_exitcode,
-                                redact_url, task_time_limits)
+from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned,
+                                create_celery, deliveries_key, max_samples_per_task,
+                                parse_exitcode, redact_url, task_time_limits)
 from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole)
 from workers.packing import Pack, pack_target, plan

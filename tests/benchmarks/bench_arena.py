@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from verifiers.judge.games import Match, Verdict  # noqa: E402
 from verifiers.judge.ratings import spearman  # noqa: E402
-from verifiers.judge.tournament import DEFAULT_SCHEME, default_options, run_tournament  # noqa: E402,E501
+from verifiers.judge.tournament import (DEFAULT_SCHEME, default_options,  # noqa: E402
+                                        run_tournament)
 
 TAU = 0.5
 TIE_BAND = 0.5

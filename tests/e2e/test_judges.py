@@ -22,13 +22,6 @@ RUBRIC = [{"criterion": "Mentions 'aspirin'", "points": 6},
 
 
 @pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    server = JudgeServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def judged(judge_server: JudgeServer) -> Iterator[str]:
     env = {"REWARDD_JUDGE_BASE_URL": judge_server.base_url, "REWARDD_JUDGE_MODEL": "rule-judge"}
     try:

@@ -5,7 +5,7 @@ the embedded pool, and the group context (step, evaluation) crosses the broker."
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -18,13 +18,6 @@ from workers.embedded import EmbeddedExecutor
 
 SETTINGS = make_settings()
 RUBRIC = [{"criterion": f"Mentions 'w{i}'", "points": i + 1} for i in range(6)]
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    server = JudgeServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,6 @@ def sandbox() -> Iterator[Sandbox]:
     box.close()
 
 
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    """A real OpenAI-compatible judge server (tests/support/judge_server.py) per module."""
-    server = JudgeServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def judge(judge_server: JudgeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[JudgeServer]:
     """The module's judge server, reset, with REWARDD_JUDGE_* pointing at it."""

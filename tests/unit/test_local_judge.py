@@ -86,7 +86,8 @@ def test_token_counts_are_the_unpadded_prompt_and_the_generated_tokens(lm_path: 
 
 
 def test_max_tokens_bounds_the_completion_with_finish_reason_length(lm_path: str) -> None:
-    short = [ChatRequest(messages=r.messages, max_tokens=n) for r, n in zip(REQUESTS, (1, 3, 5, 12))]
+    short = [ChatRequest(messages=r.messages, max_tokens=n)
+             for r, n in zip(REQUESTS, (1, 3, 5, 12))]
     results = replies(backend(lm_path).chat(short))
     assert [r.completion_tokens for r in results] == [1, 3, 5, 12]
     assert [r.finish_reason for r in results] == ["length"] * 4

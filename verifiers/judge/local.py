@@ -24,7 +24,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from verifiers.judge.backend import ChatBackend, ChatReply, ChatRequest, ChatResult, JudgeUnavailable
+from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
+                                     JudgeUnavailable)
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 ModelKind = Literal["causal_lm", "sequence_classification", "tokenizer"]
