@@ -162,6 +162,16 @@ class Verifier:
         """
 
 
+class GroupVerifier(Verifier):
+    """Base of group-level verifiers (:attr:`Verifier.group_level`): they implement
+    :meth:`verify_group`; a single sample (``POST /v1/verify``) is a group of one."""
+
+    group_level: ClassVar[bool] = True
+
+    def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
+        return self.verify_group([sample], reference, params, GroupContext())[0]
+
+
 def run_verifier(verifier: Verifier, sample: Sample, reference: Mapping[str, Any],
                  params: Mapping[str, Any]) -> Outcome:
     """Validate params, run the verifier and turn exceptions into typed failures."""

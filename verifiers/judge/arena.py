@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
-                            Verifier, VerifierParams)
+                            GroupVerifier, VerifierParams)
 from verifiers.judge.asking import JudgeFailure, ask_all
 from verifiers.judge.backend import ChatBackend, ChatRequest, Usage
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
@@ -102,7 +102,7 @@ class ArenaParams(VerifierParams):
         return {}
 
 
-class ArenaVerifier(Verifier):
+class ArenaVerifier(GroupVerifier):
     name = "arena"
     description = ("Pairwise LLM judge tournament over a group's rollouts (round-robin, "
                    "seeded single elimination, Swiss, anchor); rewards from Bradley-Terry, "
@@ -110,10 +110,6 @@ class ArenaVerifier(Verifier):
     reference_fields: ClassVar[dict[str, str]] = {
         "anchor": "text the anchor scheme compares against (else reference.answer)"}
     Params = ArenaParams
-    group_level = True
-
-    def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
-        return self.verify_group([sample], reference, params, GroupContext())[0]
 
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: ArenaParams, context: GroupContext) -> list[Outcome]:

@@ -36,7 +36,7 @@ from typing import Any, Literal, Mapping, Sequence
 from pydantic import Field, model_validator
 
 from verifiers.base import (REWARD_BOUND, FailureKind, GroupContext, Outcome, RewardValue,
-                            Sample, Verifier, VerifierParams)
+                            Sample, GroupVerifier, VerifierParams)
 from verifiers.judge.config import JudgeConfigError, check_endpoint, check_model_path
 from verifiers.judge.local import Dtype, LoadedModel, ModelLoadError, load_model
 
@@ -104,7 +104,7 @@ class RewardModelParams(VerifierParams):
         return self
 
 
-class RewardModelVerifier(Verifier):
+class RewardModelVerifier(GroupVerifier):
     """Score each rollout with a reward model (local or on a vLLM server), a group per batch."""
 
     name = "reward_model"
@@ -113,11 +113,6 @@ class RewardModelVerifier(Verifier):
                    "a vLLM /classify endpoint. No reference needed.")
     reference_fields: dict[str, str] = {}
     Params = RewardModelParams
-    group_level = True
-
-    def verify(self, sample: Sample, reference: Mapping[str, Any],
-               params: RewardModelParams) -> Outcome:
-        return self.verify_group([sample], reference, params, GroupContext())[0]
 
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: RewardModelParams,

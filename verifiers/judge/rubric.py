@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
-                            Verifier, VerifierParams)
+                            GroupVerifier, VerifierParams)
 from verifiers.dropout import rubric_keep_mask
 from verifiers.judge.asking import Answer, JudgeFailure, ask_all
 from verifiers.judge.backend import ChatRequest, Usage
@@ -113,17 +113,13 @@ class RubricParams(VerifierParams):
         return self
 
 
-class RubricVerifier(Verifier):
+class RubricVerifier(GroupVerifier):
     name = "rubric"
     description = ("LLM judge grading each rollout against a rubric of weighted criteria "
                    "(points met / positive points, clipped to [0, 1]).")
     reference_fields: ClassVar[dict[str, str]] = {
         "rubric": "list of {criterion, points} (or in params)"}
     Params = RubricParams
-    group_level = True
-
-    def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
-        return self.verify_group([sample], reference, params, GroupContext())[0]
 
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: RubricParams, context: GroupContext) -> list[Outcome]:
