@@ -61,9 +61,9 @@ SIZES = (8, 16)
 TARGET_RHO = 0.92
 
 # (label, scheme, options); "pointwise" is the one-call-per-rollout baseline, not a tournament.
-# Round counts named by what they cost: "log2" ceil(log2 N) (the Swiss default), "budget"
-# (N - 1) // 2 (N/2 calls each: a quarter of round robin in both orders), "budget/2" half that
-# (with swap, the same budget), "budget-anchor" two fewer (after N calls against the anchor).
+# Budgets named by what they cost: "log2" ceil(log2 N) rounds (the Swiss default without a
+# budget), "budget" (N - 1) // 2 rounds, "quarter" N(N-1)/4 calls (rounded down: a quarter of
+# round robin in both orders, the issue's budget; the default).
 SCHEMES: list[tuple[str, str, dict[str, Any]]] = [
     ("pointwise 1-10", "pointwise", {}),
     ("anchor", "anchor", {}),
@@ -75,19 +75,23 @@ SCHEMES: list[tuple[str, str, dict[str, Any]]] = [
      {"seeding": "anchor", "swap": True}),
     ("swiss, log2 N rounds", "swiss", {}),
     ("swiss, log2 N rounds, swap", "swiss", {"swap": True}),
-    ("swiss, (N-1)//4 rounds, swap", "swiss", {"rounds": "budget/2", "swap": True}),
+    ("swiss, N(N-1)/4 calls, swap", "swiss", {"calls": "quarter", "swap": True}),
     ("swiss, (N-1)//2 rounds", "swiss", {"rounds": "budget"}),
-    ("ceiling: the same Swiss pairs scored from the judge's hidden z", "swiss",
-     {"rounds": "budget", "latent": True}),
-    ("swiss, (N-1)//2 rounds, win rate", "swiss", {"rounds": "budget", "scoring": "win_rate"}),
-    ("swiss, (N-1)//2 rounds, elo", "swiss", {"rounds": "budget", "scoring": "elo"}),
-    ("swiss, anchor-seeded, (N-1)//2 - 2 rounds", "swiss",
-     {"rounds": "budget-anchor", "seeding": "anchor"}),
+    ("swiss, N(N-1)/4 calls", "swiss", {"calls": "quarter"}),
+    ("swiss, N(N-1)/4 calls, win rate", "swiss", {"calls": "quarter", "scoring": "win_rate"}),
+    ("swiss, N(N-1)/4 calls, elo", "swiss", {"calls": "quarter", "scoring": "elo"}),
+    ("swiss, anchor-seeded, N(N-1)/4 calls", "swiss", {"calls": "quarter", "seeding": "anchor"}),
+    ("ceiling: the default's pairs scored from the judge's hidden z", "swiss",
+     {"calls": "quarter", "latent": True}),
+    ("bound: N(N-1)/4 random pairs scored from the judge's hidden z", "random_latent", {}),
     ("round robin, one order", "round_robin", {}),
     ("round robin, one order, win rate", "round_robin", {"scoring": "win_rate"}),
     ("round robin, one order, elo", "round_robin", {"scoring": "elo"}),
     ("round robin, both orders", "round_robin", {"swap": True}),
 ]
+NOT_SCHEMES = ("ceiling", "bound")
+"""Rows that score with what no judge reveals (its hidden continuous preference): limits for
+the schemes, not candidates for the target."""
 
 
 class SimulatedJudge:
@@ -149,13 +153,30 @@ def latent_scores(judge: SimulatedJudge, matches: list[Match], n: int) -> list[f
     return [float(x) for x in np.linalg.lstsq(rows, target, rcond=None)[0][:n]]
 
 
+def random_pairs(n: int, count: int, rng: np.random.Generator) -> list[Match]:
+    """``count`` distinct pairs drawn round by round as random perfect matchings (a random
+    near-regular comparison graph: about the best fixed design for least squares)."""
+    pairs: list[Match] = []
+    seen: set[frozenset[int]] = set()
+    while len(pairs) < count:
+        order = rng.permutation(n)
+        for k in range(0, n - 1, 2):
+            a, b = int(order[k]), int(order[k + 1])
+            if frozenset((a, b)) not in seen and len(pairs) < count:
+                seen.add(frozenset((a, b)))
+                pairs.append(Match(a, b, None, 0))
+    return pairs
+
+
 def resolve(options: dict[str, Any], n: int) -> dict[str, Any]:
-    """Round counts named relative to N (the budget scales with N), as numbers."""
-    budget = (n - 1) // 2
-    named = {"log2": None, "budget": max(1, budget), "budget/2": max(1, budget // 2),
-             "budget-anchor": max(1, budget - 2)}
-    rounds = options.get("rounds")
-    return {**options, "rounds": named[rounds]} if isinstance(rounds, str) else dict(options)
+    """Budgets named relative to N (the budget scales with N), as numbers."""
+    named_rounds = {"log2": None, "budget": max(1, (n - 1) // 2)}
+    options = dict(options)
+    if isinstance(options.get("rounds"), str):
+        options["rounds"] = named_rounds[options["rounds"]]
+    if options.get("calls") == "quarter":
+        options["calls"] = default_options(n, options.get("swap", False))["calls"]
+    return options
 
 
 Row = tuple[float, float, float]
@@ -175,6 +196,10 @@ def evaluate(groups: int, seed: int, beta: float,
             for label, scheme, options in schemes:
                 if scheme == "pointwise":
                     scores, used = pointwise_scores(quality[:n], rng), n
+                elif scheme == "random_latent":
+                    used = default_options(n)["calls"]
+                    pairs = random_pairs(n, used, np.random.default_rng([seed, n, g, 1]))
+                    scores = latent_scores(judge, pairs, n)
                 else:
                     options = resolve(options, n)
                     latent = options.pop("latent", False)
@@ -221,27 +246,31 @@ def judge_profile(groups: int, seed: int, beta: float) -> dict[str, float]:
 
 
 def main() -> None:
-    global TAU
+    global TAU, TIE_BAND, STRONG
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=400, help="simulated groups per N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tau", type=float, default=TAU,
                         help="judge noise scale (a sensitivity check; the table is for 0.5)")
+    parser.add_argument("--verdicts", choices=("graded", "binary"), default="graded",
+                        help="binary: a judge that only says A>B or B>A (a sensitivity check)")
     args = parser.parse_args()
     TAU = args.tau
+    if args.verdicts == "binary":
+        TIE_BAND, STRONG = 0.0, math.inf
     started = time.perf_counter()
     print(f"$ {' '.join([Path(sys.executable).name, *sys.argv])}\n")
     beta = calibrate_beta()
     profile = judge_profile(200, args.seed, beta)
-    print(f"judge: tau {TAU}, position bias beta {beta:.3f}; measured on swap: "
+    print(f"judge: {args.verdicts} verdicts, tau {TAU}, position bias beta {beta:.3f}; measured on swap: "
           f"{profile['flip']:.1%} of verdicts flip (target {FLIP_TARGET:.1%}); "
           f"{profile['ties']:.0%} ties, {profile['strong']:.0%} strong, decided verdicts "
           f"{profile['right']:.0%} right. {args.groups} groups per N, seed {args.seed}.\n")
     rows = evaluate(args.groups, args.seed, beta, SCHEMES)
     default_label = next(label for label, scheme, options in SCHEMES
-                         if scheme == DEFAULT_SCHEME and all(
-                             {"scoring": "bt", "swap": False, **resolve(options, n)}
-                             == default_options(n) for n in SIZES))
+                         if scheme == DEFAULT_SCHEME and not label.startswith(NOT_SCHEMES)
+                         and all({"scoring": "bt", "swap": False, **resolve(options, n)}
+                                 == default_options(n) for n in SIZES))
     print("| scheme | " + " | ".join(f"N={n} calls | N={n} Spearman" for n in SIZES) + " |")
     print("|---|" + "---:|---:|" * len(SIZES))
     for label, _, _ in SCHEMES:
@@ -252,7 +281,7 @@ def main() -> None:
     n = max(SIZES)
     budget = rows["round robin, both orders", n][0] / 4
     best_rho, best = max((rows[label, n][1], label) for label, _, _ in SCHEMES
-                         if rows[label, n][0] <= budget and not label.startswith("ceiling"))
+                         if rows[label, n][0] <= budget and not label.startswith(NOT_SCHEMES))
     verdict = "MET" if best_rho >= TARGET_RHO else "NOT MET"
     print(f"\ntarget (N={n}: Spearman >= {TARGET_RHO} within {budget:.0f} calls, a quarter of "
           f"round robin both orders): {verdict}; best within the budget: {best} "

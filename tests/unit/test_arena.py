@@ -99,10 +99,12 @@ def test_a_judge_that_is_down_fails_every_rollout(judge: JudgeServer) -> None:
 def test_agreement_with_a_full_round_robin_is_reported_when_sampled() -> None:
     out = arena([5, 1, 9, 3], {"scheme": "round_robin", "agreement_sample": 1.0})
     assert out[0].detail["agreement_with_round_robin"] == 1.0
-    one_round = arena([5, 1, 9, 3], {"agreement_sample": 1.0})  # swiss: 1 round for 4
+    one_round = arena([5, 1, 9, 3], {"agreement_sample": 1.0, "options": {"rounds": 1}})
     assert -1.0 <= one_round[0].detail["agreement_with_round_robin"] < 1.0
     assert one_round[0].detail["judge_calls"] == 2
     assert "agreement_with_round_robin" not in arena([5, 1], {"agreement_sample": 0.0})[0].detail
+    default = arena([5, 1, 9, 3], {})  # swiss on a budget of 4 * 3 / 4 calls
+    assert default[0].detail["judge_calls"] == 3
 
 
 def test_each_group_and_step_draws_its_own_bracket(judge: JudgeServer) -> None:

@@ -234,6 +234,45 @@ def test_swiss_default_rounds_is_ceil_log2_n():
     assert result.rounds == 4 and result.calls == 20
 
 
+def mixed_judge(seed=0):
+    """Verdicts of every strength and some upsets, so that scores are not all equal."""
+    return Recorder(lambda a, b: [A2, A1, TIE, B1, B2][(a * 7 + b * 3 + seed) % 5])
+
+
+def test_swiss_calls_budget_keeps_the_closest_pairs_of_the_round_that_does_not_fit():
+    whole = run_tournament(16, mixed_judge(), scheme="swiss", rounds=8, seed=3)
+    capped_judge = mixed_judge()
+    capped = run_tournament(16, capped_judge, scheme="swiss", calls=60, seed=3)
+    assert capped.calls == 60 and capped.rounds == 8
+    assert [len(round_) for round_ in capped_judge.rounds] == [8] * 7 + [4]
+    assert capped.matches[:56] == whole.matches[:56]  # the same first seven rounds
+    before = bt_scores(17, whole.matches[:56])
+    gaps = sorted(abs(before[m.a] - before[m.b]) for m in whole.matches[56:])
+    kept = sorted(abs(before[m.a] - before[m.b]) for m in capped.matches[56:])
+    assert {frozenset((m.a, m.b)) for m in capped.matches[56:]} <= set(pairs_of(whole)[56:])
+    assert kept == pytest.approx(gaps[:4])
+
+
+def test_swiss_calls_count_swapped_orders_and_the_anchor_round():
+    swapped = run_tournament(8, mixed_judge(), scheme="swiss", calls=14, swap=True, seed=1)
+    assert swapped.calls == 14 and len(swapped.matches) == 7
+    anchored = run_tournament(8, mixed_judge(), scheme="swiss", calls=14, seeding="anchor")
+    assert anchored.calls == 14 and len(anchored.matches) == 8 + 6
+    odd = run_tournament(7, mixed_judge(), scheme="swiss", calls=10, seed=2)
+    assert odd.calls == 10 and odd.rounds == 4
+    both = run_tournament(8, mixed_judge(), scheme="swiss", calls=100, rounds=2)
+    assert both.calls == 8  # the rounds end first
+
+
+def test_swiss_calls_budget_must_leave_a_comparison():
+    with pytest.raises(ValueError, match="calls must be at least 1"):
+        run_tournament(4, mixed_judge(), scheme="swiss", calls=0)
+    with pytest.raises(ValueError, match="leaves no comparison"):
+        run_tournament(4, mixed_judge(), scheme="swiss", calls=1, swap=True)
+    with pytest.raises(ValueError, match="leaves no comparison"):
+        run_tournament(4, mixed_judge(), scheme="swiss", calls=4, seeding="anchor")
+
+
 def test_pairing_backtracks_instead_of_rematching():
     # greedy from the top would pair (0, 1) and be left with the rematch (2, 3)
     assert _pair_avoiding_rematches([0, 1, 2, 3], {frozenset((2, 3))}) == [(0, 2), (1, 3)]
@@ -337,14 +376,17 @@ def test_bad_arguments_are_value_errors_naming_the_problem():
         run_tournament(4, lambda pairs: [A1], scheme="round_robin")
 
 
-def test_default_runs_within_a_quarter_of_round_robin_in_both_orders():
+def test_default_spends_a_quarter_of_round_robin_in_both_orders():
     assert DEFAULT_SCHEME in SCHEMES
     assert default_options(16) == DEFAULT_OPTIONS
-    for n in (4, 8, 16, 32):
+    for n in (2, 3, 4, 8, 9, 16, 32):
         result = run_tournament(n, perfect(list(range(n))), scheme=DEFAULT_SCHEME,
                                 **default_options(n))
-        assert result.calls <= n * (n - 1) / 4
+        assert result.calls == max(1, n * (n - 1) // 4)
         assert len(set(pairs_of(result))) == len(result.matches)
+    swapped = run_tournament(8, perfect(list(range(8))), scheme=DEFAULT_SCHEME,
+                             **default_options(8, swap=True))
+    assert swapped.calls == 28 and len(swapped.matches) == 14
 
 
 # --- spearman ------------------------------------------------------------------------------

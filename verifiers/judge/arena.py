@@ -50,8 +50,8 @@ class ArenaParams(VerifierParams):
     scheme: str = DEFAULT_SCHEME
     """round_robin, single_elimination, swiss or anchor."""
     options: dict[str, Any] | None = None
-    """Scheme options, e.g. ``{"rounds": 5}`` for swiss, ``{"seeding": "anchor"}`` for
-    single elimination. None: the scheme's defaults; for the default scheme, the benchmark's
+    """Scheme options, e.g. ``{"rounds": 5}`` or ``{"calls": 40}`` for swiss,
+    ``{"seeding": "anchor"}`` for single elimination. None: the scheme's defaults; for the default scheme, the benchmark's
     choice for the group's size (:func:`~verifiers.judge.tournament.default_options`)."""
     scoring: Literal["bt", "win_rate", "elo"] = DEFAULT_OPTIONS.get("scoring", "bt")
     swap: bool = bool(DEFAULT_OPTIONS.get("swap", False))
@@ -97,7 +97,7 @@ class ArenaParams(VerifierParams):
         if self.options is not None:
             return dict(self.options)
         if self.scheme == DEFAULT_SCHEME:
-            defaults = default_options(n)
+            defaults = default_options(n, self.swap)
             return {k: v for k, v in defaults.items() if k in scheme_options(self.scheme)}
         return {}
 
