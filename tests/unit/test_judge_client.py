@@ -15,6 +15,7 @@ from verifiers.judge import openai_compat
 from verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
+from workers.deadline import CheckTimeout, SoftDeadline
 
 
 @pytest.fixture
@@ -125,6 +126,23 @@ def test_concurrency_is_bounded_per_backend(server: JudgeServer) -> None:
     took = time.monotonic() - started
     assert all(isinstance(r, ChatReply) for r in replies)
     assert took >= 0.8 - 0.05, took
+
+
+def test_an_interrupted_batch_gives_its_slots_back(server: JudgeServer) -> None:
+    server.latency_s = 1.5
+    judge = backend(server, max_concurrency=1)
+    with pytest.raises(CheckTimeout), SoftDeadline(0.2):
+        judge.chat([question(1)])
+    server.latency_s = 0.0
+    # the abandoned request is still being answered, yet the only slot is free again
+    [reply] = judge.chat([question(2)])
+    assert isinstance(reply, ChatReply)
+    assert server.max_in_flight == 2
+    for _ in range(100):  # let the abandoned answer finish before the next test
+        if server.in_flight == 0:
+            break
+        time.sleep(0.05)
+    assert server.in_flight == 0
 
 
 def test_a_batch_runs_concurrently_and_from_several_threads(server: JudgeServer) -> None:

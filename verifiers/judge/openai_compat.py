@@ -119,8 +119,16 @@ class _LoopThread:
             return cls._instance
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop and wait for it. If the wait is interrupted (a check's
+        soft deadline raises into this thread), the coroutine is cancelled with it: its
+        requests are dropped and their concurrency slots freed at once, instead of staying
+        held for a group that has already given up."""
         future: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result()
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
 
 class OpenAIChatBackend(ChatBackend):
