@@ -162,6 +162,35 @@ def test_prompt_beyond_the_model_positions_fails_only_its_own_request(lm_path: s
     assert isinstance(results[1], JudgeUnavailable) and "positions" in results[1].message
 
 
+VERDICT_SCHEMA = {"type": "object", "additionalProperties": False,
+                  "required": ["explanation", "met"],
+                  "properties": {"explanation": {"type": "string", "maxLength": 6},
+                                 "met": {"type": "boolean"}}}
+
+
+def test_json_schema_is_enforced_by_constrained_decoding(lm_path: str) -> None:
+    structured = [ChatRequest(messages=(("user", f"grade answer {i}"),), max_tokens=60,
+                              json_schema=VERDICT_SCHEMA, temperature=t, seed=i)
+                  for i in range(3) for t in (0.0, 1.0)]
+    free = REQUESTS[0]
+    mixed = replies(backend(lm_path).chat([*structured, free]))
+    for reply in mixed[:-1]:  # a random model, yet every answer is the schema's JSON
+        assert reply.finish_reason == "stop"
+        answer = json.loads(reply.text, strict=False)  # xgrammar lets control characters in
+        assert list(answer) == ["explanation", "met"]  # in the schema's order
+        assert isinstance(answer["met"], bool) and len(answer["explanation"]) <= 6
+    # the unconstrained request in the same batch decodes as it does alone
+    assert mixed[-1].text == replies(backend(lm_path).chat([free]))[0].text
+
+
+def test_a_schema_that_cannot_be_compiled_fails_only_its_own_request(lm_path: str) -> None:
+    bad = ChatRequest(messages=(("user", "x"),), max_tokens=8, json_schema={"type": "nonsense"})
+    failed, fine = backend(lm_path).chat([bad, REQUESTS[2]])
+    assert isinstance(failed, JudgeUnavailable)
+    assert "json_schema cannot be compiled" in failed.message
+    assert isinstance(fine, ChatReply)
+
+
 def test_modules_import_without_torch() -> None:
     """CPU-only workers import the registry; it must not pull in torch or transformers."""
     code = ("import sys, verifiers, verifiers.judge.local, verifiers.judge.reward_model; "

@@ -180,6 +180,8 @@ def test_parsers_read_only_consistent_verdicts() -> None:
         (True, "x")
     with pytest.raises(Unparseable):
         parse_criterion('{"criteria_met": true} then {"criteria_met": false}')
+    assert parse_criterion('{"explanation": "one\ntwo\x04", "criteria_met": false}') == \
+        (False, "one\ntwo\x04")  # raw control characters inside the string
     assert parse_pairwise("reasoning ... [[A>B]]") == "A>B"
     assert parse_pairwise("[[B >> A]] final: [[B>>A]]") == "B>>A"
     with pytest.raises(Unparseable):

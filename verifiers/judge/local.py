@@ -18,6 +18,7 @@ RNG, and batches by its own rules.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -51,6 +52,8 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
+    grammar_compiler: Any = None
+    """xgrammar's compiler for this tokenizer, made on the first structured request."""
 
 
 _CACHE: dict[tuple[str, str, str, str], LoadedModel] = {}
@@ -180,6 +183,70 @@ def _eos_ids(loaded: LoadedModel) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+class StructuredOutputUnavailable(RuntimeError):
+    """A request's ``json_schema`` cannot be enforced (xgrammar missing, a bad schema)."""
+
+
+def _compiled_schema(loaded: LoadedModel, schema: Any) -> Any:
+    """The request's JSON schema compiled to a grammar over this model's vocabulary.
+
+    xgrammar (the structured-output engine vLLM and SGLang use) does the work: turning a
+    JSON schema into a token-level automaton for a byte-level or sentencepiece vocabulary
+    is what it exists for. Compact JSON (no free whitespace, as with ``any_whitespace``
+    off in vLLM): a small model offered free whitespace tends to emit it until
+    ``max_tokens``. Compiled grammars are cached by xgrammar per compiler."""
+    try:
+        import xgrammar
+    except ImportError:
+        raise StructuredOutputUnavailable(
+            "structured output (json_schema) on a local model needs xgrammar: "
+            "pip install 'rewardd[models]'") from None
+    if loaded.grammar_compiler is None:
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            loaded.tokenizer, vocab_size=loaded.model.config.vocab_size,
+            stop_token_ids=_eos_ids(loaded) or None)
+        loaded.grammar_compiler = xgrammar.GrammarCompiler(info)
+    try:
+        # the schema's own property order: a judge's explanation before its verdict stays so
+        return loaded.grammar_compiler.compile_json_schema(json.dumps(schema),
+                                                           any_whitespace=False)
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError on bad schemas
+        raise StructuredOutputUnavailable(
+            f"json_schema cannot be compiled: {str(exc).strip()}") from None
+
+
+class _GrammarMask:
+    """A logits processor that lets each constrained row take only the tokens its grammar
+    allows next (the rows without a schema are left alone). It runs before the sampler, so a
+    sampled row draws from the allowed tokens only; the end-of-sequence token is allowed once
+    the JSON is complete."""
+
+    def __init__(self, grammars: Sequence[Any], vocab_size: int) -> None:
+        import xgrammar
+
+        self.xgrammar = xgrammar
+        self.matchers = {i: xgrammar.GrammarMatcher(g) for i, g in enumerate(grammars)
+                         if g is not None}
+        self.bitmask = xgrammar.allocate_token_bitmask(len(grammars), vocab_size)
+        self.vocab_size = vocab_size
+        self.steps = 0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.steps:  # the token each row took last step
+            for i, matcher in self.matchers.items():
+                if not matcher.is_terminated():
+                    matcher.accept_token(int(input_ids[i, -1]))
+        self.steps += 1
+        rows = [i for i, matcher in self.matchers.items() if not matcher.is_terminated()]
+        for i in rows:
+            self.matchers[i].fill_next_token_bitmask(self.bitmask, i)
+        if rows:
+            device_mask = self.bitmask.to(scores.device, non_blocking=True)
+            self.xgrammar.apply_token_bitmask_inplace(scores, device_mask, indices=rows,
+                                                      vocab_size=self.vocab_size)
+        return scores
+
+
 class _PerRowSampler:
     """A logits processor that samples each row with its own temperature, top-p and generator.
 
@@ -232,8 +299,9 @@ class TransformersChatBackend(ChatBackend):
     Temperature 0 is greedy; otherwise each request samples with temperature and top-p from a
     generator seeded with its ``seed`` (a random seed when None). Other decoding settings
     (repetition penalty and the like) follow the model's ``generation_config``, as vLLM does.
-    ``json_schema`` is not enforced (no constrained decoding here): the verifier parses and
-    validates the verdict as it must for any backend.
+    A request's ``json_schema`` is enforced by grammar-constrained decoding (xgrammar, as in
+    vLLM): the answer is compact JSON that the schema accepts, unless ``max_tokens`` cuts it
+    off first (``finish_reason`` "length"). The verifier still parses and validates it.
 
     Usage: ``prompt_tokens`` counts the rendered prompt without padding; ``completion_tokens``
     counts generated tokens up to and including the end-of-sequence token (as vLLM counts
@@ -269,6 +337,7 @@ class TransformersChatBackend(ChatBackend):
             return [JudgeUnavailable(str(exc)) for _ in requests]
         with loaded.lock:
             prompts: dict[int, list[int]] = {}
+            grammars: dict[int, Any] = {}
             limit = getattr(loaded.model.config, "max_position_embeddings", None)
             for i, req in enumerate(requests):
                 try:
@@ -282,6 +351,13 @@ class TransformersChatBackend(ChatBackend):
                         f"prompt of {len(prompts[i])} tokens plus max_tokens={req.max_tokens} "
                         f"exceeds the model's {limit} positions")
                     del prompts[i]
+                    continue
+                if req.json_schema is not None:
+                    try:
+                        grammars[i] = _compiled_schema(loaded, req.json_schema)
+                    except StructuredOutputUnavailable as exc:
+                        results[i] = JudgeUnavailable(str(exc))
+                        del prompts[i]
             by_max_tokens: dict[int, list[int]] = {}
             for i in sorted(prompts, key=lambda i: len(prompts[i])):
                 by_max_tokens.setdefault(requests[i].max_tokens, []).append(i)
@@ -289,7 +365,8 @@ class TransformersChatBackend(ChatBackend):
                 for start in range(0, len(indices), self.batch_size):
                     batch = indices[start:start + self.batch_size]
                     replies = self._generate(loaded, [requests[i] for i in batch],
-                                             [prompts[i] for i in batch])
+                                             [prompts[i] for i in batch],
+                                             [grammars.get(i) for i in batch])
                     for i, reply in zip(batch, replies):
                         results[i] = reply
         return [r if r is not None else JudgeUnavailable("no result") for r in results]
@@ -306,24 +383,25 @@ class TransformersChatBackend(ChatBackend):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _generate(self, loaded: LoadedModel, requests: list[ChatRequest],
-                  prompts: list[list[int]]) -> list[ChatResult]:
+                  prompts: list[list[int]], grammars: list[Any]) -> list[ChatResult]:
         """One left-padded batch; all requests share ``max_tokens``. An out-of-memory error
         splits the batch in two and tries again; any other error fails the whole batch."""
         try:
-            return self._generate_batch(loaded, requests, prompts)
+            return self._generate_batch(loaded, requests, prompts, grammars)
         except Exception as exc:
             import torch
 
             if isinstance(exc, torch.OutOfMemoryError) and len(requests) > 1:
                 torch.cuda.empty_cache()
                 half = len(requests) // 2
-                return (self._generate(loaded, requests[:half], prompts[:half])
-                        + self._generate(loaded, requests[half:], prompts[half:]))
+                return (self._generate(loaded, requests[:half], prompts[:half], grammars[:half])
+                        + self._generate(loaded, requests[half:], prompts[half:],
+                                         grammars[half:]))
             return [JudgeUnavailable(f"generation failed: {type(exc).__name__}: {exc}")
                     for _ in requests]
 
     def _generate_batch(self, loaded: LoadedModel, requests: list[ChatRequest],
-                        prompts: list[list[int]]) -> list[ChatResult]:
+                        prompts: list[list[int]], grammars: list[Any]) -> list[ChatResult]:
         import torch
         from transformers import LogitsProcessorList
 
@@ -338,7 +416,12 @@ class TransformersChatBackend(ChatBackend):
                                  device=loaded.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
                                       device=loaded.device)
+        processors: list[Any] = []
+        if any(g is not None for g in grammars):  # the mask first: the sampler draws after it
+            processors.append(_GrammarMask(grammars, loaded.model.config.vocab_size))
         sampler = _PerRowSampler(requests, loaded.device)
+        if sampler.rows:
+            processors.append(sampler)
         max_tokens = requests[0].max_tokens
         with torch.inference_mode():
             # all settings as keyword arguments: they override the model's generation_config
@@ -347,7 +430,7 @@ class TransformersChatBackend(ChatBackend):
                 input_ids=input_ids, attention_mask=attention_mask,
                 max_new_tokens=max_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
                 pad_token_id=pad, eos_token_id=eos or None,
-                logits_processor=LogitsProcessorList([sampler] if sampler.rows else []))
+                logits_processor=LogitsProcessorList(processors))
         new_tokens = output[:, width:].tolist()
         eos_set = set(eos)
         replies: list[ChatResult] = []

@@ -162,8 +162,10 @@ class Unparseable(ValueError):
 
 def json_objects(text: str) -> list[Any]:
     """Every top-level JSON value that starts with ``{`` in ``text`` (fences and prose
-    around them ignored), in order."""
-    decoder = json.JSONDecoder()
+    around them ignored), in order. Raw control characters inside strings are accepted:
+    judges write explanations with literal line breaks, and grammar-constrained decoders
+    (xgrammar, in vLLM and the local backend) let them through."""
+    decoder = json.JSONDecoder(strict=False)
     found: list[Any] = []
     index = 0
     while True:
