@@ -13,7 +13,8 @@ import math
 
 
 def rubric_keep_mask(num_criteria: int, p: float, *, seed: int, run_id: str | None,
-                     group_id: str, step: int = 0) -> list[bool]:
+                     group_id: str, step: int = 0,
+                     keep_one_of: frozenset[int] = frozenset()) -> list[bool]:
     """Which rubric criteria to keep for one group at one training step (Rubric Dropout).
 
     Drops round(p * num_criteria) criteria (half rounds up), but never all: at least one is
@@ -24,6 +25,11 @@ def rubric_keep_mask(num_criteria: int, p: float, *, seed: int, run_id: str | No
     blake2b digest of (seed, run_id, group_id, step, index) and the lowest are dropped,
     which is stable across processes and Python versions (unlike hash() or random).
     Evaluation requests pass p=0 and keep the full rubric.
+
+    ``keep_one_of``: criteria of which at least one must stay (the rubric's positive ones:
+    without one the score has nothing to divide by). When the draw would drop the last of
+    them, it is skipped and the next criterion in the draw goes instead, so the number
+    dropped stays the same where it can.
     """
     if num_criteria < 0:
         raise ValueError(f"num_criteria must be >= 0, got {num_criteria}")
@@ -37,5 +43,14 @@ def rubric_keep_mask(num_criteria: int, p: float, *, seed: int, run_id: str | No
         key = json.dumps([seed, run_id, group_id, step, index]).encode()
         return hashlib.blake2b(key, digest_size=16).digest()
 
-    dropped = set(sorted(range(num_criteria), key=lambda c: (draw(c), c))[:drop])
+    protected_left = len(keep_one_of & set(range(num_criteria)))
+    dropped: set[int] = set()
+    for c in sorted(range(num_criteria), key=lambda c: (draw(c), c)):
+        if len(dropped) == drop:
+            break
+        if c in keep_one_of:
+            if protected_left == 1:
+                continue
+            protected_left -= 1
+        dropped.add(c)
     return [c not in dropped for c in range(num_criteria)]

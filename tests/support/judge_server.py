@@ -18,7 +18,8 @@ Content triggers (they travel with the rollout, so they work from any worker pro
 ``ECHO-ME`` makes the judge quote the response verbatim before its own verdict (a judge
 fooled into repeating a forged verdict). ``faults`` is a queue of actions taken by the next
 requests, whatever they ask: ``("status", 429)``, ``("status", 503, retry_after_s)``,
-``("sleep", s)``, ``("malformed",)``, ``("refusal_field",)``, ``("content_filter",)``.
+``("sleep", s)``, ``("malformed",)``, ``("bad_encoding",)``, ``("refusal_field",)``,
+``("content_filter",)``.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ class JudgeServer:
                 time.sleep(fault[1])
             if kind == "malformed":
                 handler._send(200, None, raw=b'{"choices": [')
+                return
+            if kind == "bad_encoding":  # says gzip, is not: the client cannot decode the body
+                handler._send(200, None, {"Content-Encoding": "gzip"}, raw=b"not gzip at all")
                 return
             if kind == "refusal_field":
                 handler._send(200, completion(body, "", refusal="I can't grade this."))

@@ -11,6 +11,7 @@ from tests.support.judge_server import JudgeServer
 from verifiers import REGISTRY
 from verifiers.base import GroupContext, Sample, run_group_verifier
 from verifiers.judge import openai_compat
+from verifiers.judge.arena import ArenaParams
 from verifiers.judge.ratings import spearman
 
 
@@ -132,6 +133,13 @@ def test_unknown_schemes_and_options_are_refused() -> None:
     with pytest.raises(Exception, match="has no option"):
         REGISTRY["arena"].Params.model_validate({"scheme": "round_robin",
                                                  "options": {"rounds": 3}})
+
+
+def test_a_custom_template_must_show_both_responses() -> None:
+    with pytest.raises(ValueError, match="must name {response_b}"):
+        ArenaParams.model_validate({"template": "Is {response_a} good? [[A>B]]"})
+    with pytest.raises(ValueError, match="names {response}"):
+        ArenaParams.model_validate({"template": "{response} vs {response_a} {response_b}"})
 
 
 def test_a_custom_template_and_verdict_pattern() -> None:

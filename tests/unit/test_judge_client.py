@@ -17,6 +17,8 @@ from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_ba
 from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
 from workers.deadline import CheckTimeout, SoftDeadline
 
+FLEET_REDIS_URL = "redis://127.0.0.1:6379/12"
+
 
 @pytest.fixture
 def server(judge: JudgeServer) -> JudgeServer:
@@ -90,6 +92,54 @@ def test_a_malformed_completion_is_a_typed_failure(server: JudgeServer) -> None:
     server.faults.append(("malformed",))
     [reply] = backend(server).chat([question()])
     assert isinstance(reply, JudgeUnavailable) and "malformed" in reply.message
+
+
+def test_a_body_that_does_not_decode_fails_its_own_request_only(server: JudgeServer) -> None:
+    server.faults.append(("bad_encoding",))
+    judge = backend(server, max_concurrency=1)  # one at a time: the first request gets it
+    broken, fine = judge.chat([question(1), question(2)])
+    assert isinstance(broken, JudgeUnavailable) and "DecodingError" in broken.message
+    assert broken.attempts == 1  # not transient: not retried
+    assert isinstance(fine, ChatReply)
+
+
+def test_the_cache_tells_endpoints_apart(server: JudgeServer) -> None:
+    other = JudgeServer().start()
+    try:
+        cache = ReplyCache()
+        first = OpenAIChatBackend(OpenAIConfig(name="default", base_url=server.base_url,
+                                               model="rule-judge"), cache=cache)
+        second = OpenAIChatBackend(OpenAIConfig(name="default", base_url=other.base_url,
+                                                model="rule-judge"), cache=cache)
+        first.chat([question(5)])
+        [reply] = second.chat([question(5)])
+        assert not reply.cached and len(other.requests) == 1
+    finally:
+        other.stop()
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"max_concurrency": 0}, "max_concurrency: Input should be greater than or equal to 1"),
+    ({"fleet_max_concurrency": 0, "state_url": FLEET_REDIS_URL},
+     "fleet_max_concurrency: Input should be greater than or equal to 1"),
+    ({"max_retries": -1}, "max_retries"),
+    ({"timeout_s": "soon"}, "timeout_s"),
+    ({"fleet_max_concurrency": 2, "state_url": "localhost:6379"}, "must start with redis://"),
+    ({"retries": 3}, "retries"),
+])
+def test_backend_settings_are_checked_when_built(tmp_path: Any, settings: dict[str, Any],
+                                                 reason: str) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"j": {"base_url": "http://x/v1", "model": "m", **settings}}))
+    with pytest.raises(JudgeConfigError, match=f"judge backend 'j': .*{reason}"):
+        resolve_backend(BackendOverride(name="j"), {"REWARDD_JUDGE_BACKENDS_FILE": str(path)})
+
+
+def test_a_backends_file_entry_must_be_an_object(tmp_path: Any) -> None:
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"j": "http://x/v1"}))
+    with pytest.raises(JudgeConfigError, match="backend 'j' is str, expected a JSON object"):
+        resolve_backend(BackendOverride(name="j"), {"REWARDD_JUDGE_BACKENDS_FILE": str(path)})
 
 
 def test_unreachable_server_is_unavailable_not_an_exception() -> None:
@@ -298,6 +348,34 @@ def test_a_dead_holders_slots_lapse(server: JudgeServer, fleet_redis: Any) -> No
     [reply] = backend(server, fleet_max_concurrency=1, state_url=FLEET_REDIS).chat([question()])
     assert isinstance(reply, ChatReply)
     assert clock.monotonic() - started >= 0.2  # waited for the lapse
+
+
+def test_a_batch_cancelled_while_taking_a_slot_gives_it_back(server: JudgeServer,
+                                                             fleet_redis: Any) -> None:
+    """The slot is taken in Redis, but the batch's deadline fires before the reply arrives:
+    the lease must not stay behind until it lapses."""
+    import asyncio
+
+    judge = backend(server, fleet_max_concurrency=2, state_url=FLEET_REDIS)
+    fleet = judge._fleet
+    assert fleet is not None
+    fleet._ensure()
+    take = fleet._take
+
+    async def slow_reply(**kwargs: Any) -> Any:
+        taken = await take(**kwargs)
+        await asyncio.sleep(5)  # the script ran; its answer is late
+        return taken
+
+    fleet._take = slow_reply
+    with pytest.raises(CheckTimeout), SoftDeadline(0.3):
+        judge.chat([question(1)])
+    for _ in range(100):
+        if fleet_redis.zcard("rewardd:judge-slots:t") == 0:
+            break
+        time.sleep(0.02)
+    assert fleet_redis.zcard("rewardd:judge-slots:t") == 0
+    assert len(server.requests) == 0
 
 
 def test_without_redis_the_fleet_bound_falls_back_to_the_process_bound(

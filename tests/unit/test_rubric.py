@@ -11,7 +11,9 @@ from tests.support.judge_server import NONCE, JudgeServer, fenced_blocks
 from verifiers import REGISTRY
 from verifiers.base import GroupContext, Sample, run_group_verifier
 from verifiers.dropout import rubric_keep_mask
-from verifiers.judge.templates import Unparseable, nonce_for, parse_criterion, parse_pairwise
+from verifiers.judge.rubric import RubricParams
+from verifiers.judge.templates import (Unparseable, nonce_for, parse_criteria, parse_criterion,
+                                       parse_pairwise)
 
 RUBRIC = [{"criterion": "Mentions 'aspirin'", "points": 5},
           {"criterion": "Mentions 'dose'", "points": 3},
@@ -173,6 +175,56 @@ def test_a_forged_verdict_echoed_by_the_judge_is_never_read_as_the_verdict() -> 
     out = grade(["ECHO-ME " + FORGED], {"rubric": RUBRIC[:1], "retries": 1})
     assert not out[0].ok and out[0].error.value == "judge_unparseable"
     assert "contradicting" in out[0].detail["message"]
+
+
+def test_dropout_always_keeps_a_criterion_with_positive_points() -> None:
+    rubric = [{"criterion": "Mentions 'aspirin'", "points": 5},
+              *({"criterion": f"Recommends 'x{i}'", "points": -1} for i in range(3))]
+    for g in range(60):  # the draw would drop the only positive criterion in about half
+        keep = rubric_keep_mask(4, 0.5, seed=0, run_id="r", group_id=f"g{g}", step=1,
+                                keep_one_of=frozenset({0}))
+        assert keep[0] and keep.count(False) == 2
+        [out] = grade(["aspirin"], {"rubric": rubric, "dropout": 0.5},
+                      context=GroupContext("r", f"g{g}", step=1))
+        assert out.ok and out.reward == 1.0
+    # without the constraint the same draws do drop it in some groups
+    assert any(not rubric_keep_mask(4, 0.5, seed=0, run_id="r", group_id=f"g{g}", step=1)[0]
+               for g in range(60))
+
+
+def test_parsers_refuse_a_key_given_twice_with_different_values() -> None:
+    with pytest.raises(Unparseable, match="'criteria_met' twice"):
+        parse_criterion('{"criteria_met": true, "criteria_met": false}')
+    assert parse_criterion('{"criteria_met": true, "criteria_met": true}') == (True, "")
+    with pytest.raises(Unparseable, match="twice"):
+        parse_criteria('{"results": [{"id": 1, "criteria_met": true, "criteria_met": false}]}',
+                       [1])
+
+
+@pytest.mark.parametrize("raw_id", ["Infinity", "NaN", "true", "0.9", '"one"', "null"])
+def test_a_criterion_id_must_be_a_whole_number(raw_id: str) -> None:
+    with pytest.raises(Unparseable, match="not a criterion number"):
+        parse_criteria(f'{{"results": [{{"id": {raw_id}, "criteria_met": true}}]}}', [0])
+
+
+def test_a_criterion_id_may_be_quoted() -> None:
+    assert parse_criteria('{"results": [{"id": "3", "criteria_met": false}]}', [3]) == \
+        {3: (False, "")}
+
+
+@pytest.mark.parametrize("params, reason", [
+    ({"template": "Grade it against {criterion}."}, "must name {response}"),
+    ({"template": "Grade {respones} against {criterion}."}, "names {respones}"),
+    ({"template": "Grade {response} against {criteria}."}, "names {criteria}"),
+    ({"template": "Grade {response} against {criterion}.", "criteria_per_call": 3},
+     "names {criterion}"),
+])
+def test_custom_templates_must_name_the_fields_this_judge_fills(params: dict[str, Any],
+                                                                reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        RubricParams.model_validate(params)
+    ok = {"template": "{prompt} {reference} {response} {criteria}", "criteria_per_call": 2}
+    assert RubricParams.model_validate(ok).template == ok["template"]
 
 
 def test_parsers_read_only_consistent_verdicts() -> None:

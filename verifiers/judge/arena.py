@@ -35,8 +35,8 @@ from verifiers.judge.backend import ChatBackend, ChatRequest, Usage
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from verifiers.judge.rubric import KINDS_BY_PRIORITY
 from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, check_pattern,
-                                       parse_pairwise, parse_with_pattern, reference_text,
-                                       render)
+                                       check_template, parse_pairwise, parse_with_pattern,
+                                       reference_text, render)
 from verifiers.judge.games import Verdict
 from verifiers.judge.ratings import SCORINGS, average_ranks, spearman
 from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
@@ -81,6 +81,11 @@ class ArenaParams(VerifierParams):
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
         return check_pattern(value, "verdict")
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        return check_template(value, ["response_a", "response_b"])
 
     @model_validator(mode="after")
     def _known(self) -> ArenaParams:

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verifiers.judge.backend import ChatBackend
 from verifiers.judge.fleet import state_url
@@ -77,7 +77,12 @@ def configured_backends(environ: Mapping[str, str] | None = None) -> dict[str, d
         if not isinstance(data, dict):
             raise JudgeConfigError(f"REWARDD_JUDGE_BACKENDS_FILE={path}: expected a JSON object "
                                    "of named backends")
-        found.update({str(k): dict(v) for k, v in data.items() if isinstance(v, dict)})
+        for name, entry in data.items():
+            if not isinstance(entry, dict):
+                raise JudgeConfigError(f"REWARDD_JUDGE_BACKENDS_FILE={path}: backend {name!r} "
+                                       f"is {type(entry).__name__}, expected a JSON object of "
+                                       "settings")
+            found[str(name)] = dict(entry)
     if env.get("REWARDD_JUDGE_BASE_URL"):
         found[DEFAULT_BACKEND] = {"base_url": env["REWARDD_JUDGE_BASE_URL"],
                                   "model": env.get("REWARDD_JUDGE_MODEL", "default"),
@@ -141,6 +146,10 @@ def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBacken
         raw.setdefault("state_url", state_url(dict(env)))
     try:
         return OpenAIChatBackend(OpenAIConfig(name=name, **raw))
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
+                            for e in exc.errors())
+        raise JudgeConfigError(f"judge backend {name!r}: {reasons}") from None
     except (TypeError, ValueError) as exc:
         raise JudgeConfigError(f"judge backend {name!r}: {exc}") from None
 

@@ -19,6 +19,7 @@ import logging
 import os
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ class FleetSlots:
     """At most ``limit`` leases on ``key`` at once, across processes."""
 
     def __init__(self, url: str, key: str, limit: int, lease_s: float) -> None:
+        if limit < 1:
+            raise ValueError(f"fleet_max_concurrency must be at least 1, not {limit}")
+        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"the fleet bound's Redis URL {url!r} must start with redis://, "
+                             "rediss:// or unix://")
         self.url, self.key, self.limit = url, key, limit
         self.lease_s = lease_s + LEASE_MARGIN_S
         self._client: Any = None
@@ -70,29 +76,33 @@ class FleetSlots:
             self._take = self._client.register_script(_TAKE)
             self._pid = os.getpid()
 
-    async def acquire(self) -> str | None:
-        """A lease token once a slot is free; None when Redis is unreachable (no fleet bound
-        for this request)."""
-        self._ensure()
-        token = uuid.uuid4().hex
+    async def acquire(self, token: str) -> bool:
+        """Take a slot under ``token`` (from :func:`new_lease_token`) once one is free: True;
+        False when Redis is unreachable (no fleet bound for this request). Release the token
+        whatever this returns or raises: a slot taken just before a cancellation is freed."""
         wait = WAIT_MIN_S
         while True:
             try:
+                self._ensure()
                 if await self._take(keys=[self.key], args=[token, self.limit, self.lease_s]):
-                    return token
+                    return True
             except Exception as exc:  # Redis down: the per-process bound still holds
                 if not self._warned:
                     log.warning("judge fleet slots at %s unavailable (%s: %s); bounding "
                                 "per process only", self.key, type(exc).__name__, exc)
                     self._warned = True
-                return None
+                return False
             await asyncio.sleep(wait)
             wait = min(wait * 2, WAIT_MAX_S)
 
     async def release(self, token: str | None) -> None:
-        if token is None:
+        if token is None or self._client is None:
             return
         try:
             await self._client.zrem(self.key, token)
         except Exception:  # the lease lapses by itself
             pass
+
+
+def new_lease_token() -> str:
+    return uuid.uuid4().hex

@@ -20,12 +20,14 @@ import random
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Coroutine, Sequence
+from typing import Annotated, Any, Coroutine, Sequence
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
                                      JudgeUnavailable)
-from verifiers.judge.fleet import FleetSlots
+from verifiers.judge.fleet import FleetSlots, new_lease_token
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Worth another try: rate limits, overload and gateway errors. Any other 4xx means the
@@ -39,25 +41,27 @@ or the server's ``Retry-After`` when it sent one (capped at BACKOFF_MAX_S)."""
 CACHE_ENTRIES = 20_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class OpenAIConfig:
-    """One OpenAI-compatible backend."""
+    """One OpenAI-compatible backend, validated when built (a backends file with
+    ``"max_concurrency": 0`` is refused at the first call, with the field and the reason,
+    rather than hanging or failing deep inside a batch)."""
 
     name: str
     base_url: str
     model: str
     api_key: str | None = None
-    max_concurrency: int = 16
+    max_concurrency: Annotated[int, Field(ge=1, le=4096)] = 16
     """Requests in flight at once from one process (each worker process has its own)."""
-    fleet_max_concurrency: int | None = None
+    fleet_max_concurrency: Annotated[int, Field(ge=1)] | None = None
     """Requests in flight at once from every process together (Redis leases,
     :mod:`verifiers.judge.fleet`); None: no fleet-wide bound."""
     state_url: str | None = None
     """Redis for the fleet bound (see :func:`verifiers.judge.fleet.state_url`)."""
-    timeout_s: float = 60.0
-    max_retries: int = 4
-    cost_per_1k_prompt: float = 0.0
-    cost_per_1k_completion: float = 0.0
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 4
+    cost_per_1k_prompt: Annotated[float, Field(ge=0)] = 0.0
+    cost_per_1k_completion: Annotated[float, Field(ge=0)] = 0.0
     cache: bool = True
 
 
@@ -157,7 +161,8 @@ class OpenAIChatBackend(ChatBackend):
         if not requests:
             return []
         results: list[ChatResult | None] = [None] * len(requests)
-        keys = [r.cache_key(self.name, self.model) for r in requests]
+        # the endpoint is part of the key: a request may point a backend name elsewhere
+        keys = [r.cache_key(f"{self.name}@{self.config.base_url}", self.model) for r in requests]
         todo: dict[str, list[int]] = {}  # equal requests of one batch are sent once
         for i, key in enumerate(keys):
             hit = self._cache.get(key) if self._cache is not None else None
@@ -180,7 +185,11 @@ class OpenAIChatBackend(ChatBackend):
 
     async def _send_all(self, requests: list[ChatRequest]) -> list[ChatResult]:
         self._ensure_client()
-        return list(await asyncio.gather(*(self._send(r) for r in requests)))
+        answers = await asyncio.gather(*(self._send(r) for r in requests),
+                                       return_exceptions=True)
+        # one request's unforeseen error is its own failure, never the whole batch's
+        return [JudgeUnavailable(f"{self.name}: {type(a).__name__}: {a}")
+                if isinstance(a, Exception) else a for a in answers]
 
     def _ensure_client(self) -> None:
         """The client and the bound belong to this process's loop thread."""
@@ -211,12 +220,19 @@ class OpenAIChatBackend(ChatBackend):
             attempts = attempt + 1
             wait: float | None = None
             async with self._semaphore:
-                lease = await self._fleet.acquire() if self._fleet is not None else None
+                # the lease's token exists before it is taken, so that a batch cancelled
+                # while the slot is being taken still gives the slot back
+                lease = new_lease_token() if self._fleet is not None else None
                 try:
+                    if self._fleet is not None:
+                        await self._fleet.acquire(lease)
                     self.posts += 1
                     response = await self._client.post("/chat/completions", json=body)
                 except (httpx.TimeoutException, httpx.TransportError) as exc:
                     status, last = None, f"{type(exc).__name__}: {exc}"
+                except httpx.HTTPError as exc:  # e.g. a body that does not decode: not transient
+                    status, last = None, f"{type(exc).__name__}: {exc}"
+                    break
                 else:
                     status = response.status_code
                     if status == 200:

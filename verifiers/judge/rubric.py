@@ -36,8 +36,9 @@ from verifiers.judge.asking import Answer, JudgeFailure, ask_all
 from verifiers.judge.backend import ChatRequest, Usage
 from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, as_bool,
-                                       check_pattern, parse_criteria, parse_criterion,
-                                       parse_with_pattern, reference_text, render)
+                                       check_pattern, check_template, parse_criteria,
+                                       parse_criterion, parse_with_pattern, reference_text,
+                                       render)
 from verifiers.text import truncate
 
 KINDS_BY_PRIORITY = (FailureKind.judge_unavailable, FailureKind.judge_refused,
@@ -104,6 +105,8 @@ class RubricParams(VerifierParams):
 
     @model_validator(mode="after")
     def _structured_one_at_a_time(self) -> RubricParams:
+        check_template(self.template, ["response", "criterion" if self.criteria_per_call == 1
+                                       else "criteria"])
         if self.verdict_pattern is not None and self.criteria_per_call > 1:
             raise ValueError("verdict_pattern reads one criterion per answer: use "
                              "criteria_per_call 1")
@@ -124,14 +127,15 @@ class RubricVerifier(GroupVerifier):
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: RubricParams, context: GroupContext) -> list[Outcome]:
         rubric = _rubric(reference, params)
+        positive = frozenset(i for i, c in enumerate(rubric) if c.points > 0)
         keep = (rubric_keep_mask(len(rubric), params.dropout, seed=params.dropout_seed,
                                  run_id=context.run_id, group_id=context.group_id,
-                                 step=context.step or 0)
+                                 step=context.step or 0, keep_one_of=positive)
                 if params.dropout > 0 and not context.evaluation else [True] * len(rubric))
         kept = [i for i, k in enumerate(keep) if k]
         if not any(rubric[i].points > 0 for i in kept):
-            raise InvalidReference("the rubric (after dropout) has no criterion with positive "
-                                   "points, so there is nothing to divide by")
+            raise InvalidReference("the rubric has no criterion with positive points, so "
+                                   "there is nothing to divide by")
         try:
             backend = resolve_backend(params.backend)
         except JudgeConfigError as exc:

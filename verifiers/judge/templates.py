@@ -143,6 +143,29 @@ def render(template: str, system: str, fields: Mapping[str, str]) -> Rendered:
     return Rendered(system.replace("{nonce}", nonce), FIELD.sub(fill, template), nonce)
 
 
+NAMED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""Anything written like a field, known or not: a typo such as ``{respones}`` is caught."""
+
+
+def check_template(template: str | None, required: Sequence[str],
+                   optional: Sequence[str] = ("prompt", "reference")) -> str | None:
+    """A custom template (a params validator) must name every ``required`` field (else the
+    judge would grade without seeing it) and no field this judge does not fill."""
+    if template is None:
+        return None
+    named = set(NAMED.findall(template))
+    unknown = sorted(named - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"template names {', '.join('{%s}' % n for n in unknown)}, which "
+                         f"this judge does not fill; its fields are "
+                         f"{', '.join('{%s}' % n for n in [*required, *optional])}")
+    missing = [n for n in required if n not in named]
+    if missing:
+        raise ValueError(f"template must name {', '.join('{%s}' % n for n in missing)}: "
+                         "without it the judge never sees what it grades")
+    return template
+
+
 def reference_text(reference: Mapping[str, Any], skip: Sequence[str] = ("rubric",)) -> str:
     """The parts of a group's reference a judge may see, as text (the rubric itself is
     given criterion by criterion, not here)."""
@@ -165,7 +188,7 @@ def json_objects(text: str) -> list[Any]:
     around them ignored), in order. Raw control characters inside strings are accepted:
     judges write explanations with literal line breaks, and grammar-constrained decoders
     (xgrammar, in vLLM and the local backend) let them through."""
-    decoder = json.JSONDecoder(strict=False)
+    decoder = json.JSONDecoder(strict=False, object_pairs_hook=_refuse_contradicting_keys)
     found: list[Any] = []
     index = 0
     while True:
@@ -174,11 +197,33 @@ def json_objects(text: str) -> list[Any]:
             return found
         try:
             value, end = decoder.raw_decode(text, start)
+        except Unparseable:
+            raise
         except ValueError:
             index = start + 1
             continue
         found.append(value)
         index = end
+
+
+def _refuse_contradicting_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, unless it repeats a key with another value: ``json`` would keep the
+    last one silently, and ``{"criteria_met": true, "criteria_met": false}`` says both."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj and obj[key] != value:
+            raise Unparseable(f"the answer gives {key!r} twice, with different values")
+        obj[key] = value
+    return obj
+
+
+def _criterion_id(value: Any) -> int:
+    """A results entry's id: a whole number, or a string of digits (judges quote them)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise Unparseable(f"a results entry has id {value!r}, not a criterion number")
 
 
 def as_bool(value: Any) -> bool:
@@ -211,10 +256,7 @@ def parse_criteria(text: str, ids: Sequence[int]) -> dict[int, tuple[bool, str]]
             for entry in obj["results"]:
                 if not isinstance(entry, dict) or "criteria_met" not in entry:
                     raise Unparseable("a results entry has no criteria_met")
-                try:
-                    key = int(entry.get("id"))
-                except (TypeError, ValueError):
-                    raise Unparseable(f"a results entry has id {entry.get('id')!r}") from None
+                key = _criterion_id(entry.get("id"))
                 if key in parsed:
                     raise Unparseable(f"criterion {key} is graded twice")
                 parsed[key] = (as_bool(entry["criteria_met"]), str(entry.get("explanation", "")))
