@@ -135,6 +135,29 @@ def test_unknown_schemes_and_options_are_refused() -> None:
                                                  "options": {"rounds": 3}})
 
 
+def test_rollouts_the_judge_cannot_tell_apart_share_their_rank() -> None:
+    out = arena([3, 1, 1, 3, 0, 1], {"scheme": "round_robin"})
+    rewards = [o.reward for o in out]
+    assert rewards[0] == rewards[3] == 0.9
+    assert rewards[1] == rewards[2] == rewards[5] == 0.4  # mean rank 2 of 0..5
+    assert rewards[4] == 0.0
+
+
+def test_a_group_of_one_is_rewarded_by_its_result_against_the_anchor() -> None:
+    anchor = {"anchor": "Reference. quality=5"}
+    [better] = arena([7], {"scheme": "anchor"}, reference=anchor)
+    [worse] = arena([3], {"scheme": "anchor"}, reference=anchor)
+    assert better.ok and better.reward == 1.0 and better.detail["judge_calls"] == 1
+    assert worse.ok and worse.reward == 0.0
+
+
+def test_three_rollouts_are_all_judged_by_default() -> None:
+    out = arena([2, 9, 5])
+    assert all(o.ok for o in out) and out[0].detail["judge_calls"] == 2
+    assert all(o.detail["wins"] + o.detail["losses"] + o.detail["ties"] >= 1 for o in out)
+    assert out[1].reward == 1.0
+
+
 def test_a_custom_template_must_show_both_responses() -> None:
     with pytest.raises(ValueError, match="must name {response_b}"):
         ArenaParams.model_validate({"template": "Is {response_a} good? [[A>B]]"})

@@ -294,6 +294,23 @@ def test_endpoint_truncates_client_side_like_the_local_model(
                 == [o.detail["truncated"] for o in local])
 
 
+def test_a_cut_through_a_multibyte_character_scores_the_same_tokens_on_both_paths(
+        rm_path: str, classify_server: ClassifyServer) -> None:
+    """Byte-level tokens split 'é' and the CJK characters: the kept ids of a plain cut may
+    decode to U+FFFD, which the server would re-encode to other tokens."""
+    samples = [Sample("日本語のテキスト、ありがとう。 café crème brûlée 漢字かな交じり文",
+                      prompt="Say something.")]
+    verifier = REGISTRY["reward_model"]
+    for max_length in range(8, 24):
+        for side in ("left", "right"):
+            local = run_group_verifier(verifier, samples, {}, local_params(
+                rm_path, max_length=max_length, truncation_side=side))
+            remote = run_group_verifier(verifier, samples, {}, endpoint_params(
+                classify_server, rm_path, max_length=max_length, truncation_side=side))
+            assert rewards(remote) == pytest.approx(rewards(local), abs=1e-5)
+            assert remote[0].detail["tokens"] == local[0].detail["tokens"] <= max_length
+
+
 def test_endpoint_without_tokenizer_sends_plain_text_for_server_side_truncation(
         rm_path: str, classify_server: ClassifyServer) -> None:
     outcomes = run_group_verifier(REGISTRY["reward_model"], SAMPLES[:1], {},

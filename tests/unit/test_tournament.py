@@ -264,6 +264,32 @@ def test_swiss_calls_count_swapped_orders_and_the_anchor_round():
     assert both.calls == 8  # the rounds end first
 
 
+def test_swiss_checks_the_budget_before_the_anchor_round():
+    judge = mixed_judge()
+    with pytest.raises(ValueError, match="after 16 against the anchor"):
+        run_tournament(8, judge, scheme="swiss", seeding="anchor", calls=12, swap=True)
+    assert judge.asked == []  # nothing spent on a tournament that cannot be played
+
+
+def test_swiss_never_asks_the_same_ordered_pair_twice():
+    pair = run_tournament(2, mixed_judge(), scheme="swiss", calls=50)
+    assert pair.calls == 2 and {(m.a, m.b) for m in pair.matches} == {(0, 1), (1, 0)}
+    swapped = run_tournament(2, mixed_judge(), scheme="swiss", calls=50, swap=True)
+    assert swapped.calls == 2
+    judge = mixed_judge()
+    run_tournament(5, judge, scheme="swiss", rounds=12, seed=1)
+    assert len(judge.asked) == len(set(judge.asked)) > 10  # rematches in the other order
+
+
+def test_a_lone_rollout_meets_the_anchor():
+    judge = Recorder(lambda a, b: A1 if a < b else B1)  # rollout 0 beats the anchor (1)
+    result = run_tournament(1, judge, scheme="anchor")
+    assert judge.asked == [(0, 1)] and result.calls == 1
+    lone = run_tournament(1, judge, scheme="swiss", seeding="anchor")
+    assert lone.calls == 1
+    assert run_tournament(1, judge, scheme="swiss").calls == 0
+
+
 def test_swiss_calls_budget_must_leave_a_comparison():
     with pytest.raises(ValueError, match="calls must be at least 1"):
         run_tournament(4, mixed_judge(), scheme="swiss", calls=0)
@@ -382,8 +408,9 @@ def test_default_spends_a_quarter_of_round_robin_in_both_orders():
     for n in (2, 3, 4, 8, 9, 16, 32):
         result = run_tournament(n, perfect(list(range(n))), scheme=DEFAULT_SCHEME,
                                 **default_options(n))
-        assert result.calls == max(1, n * (n - 1) // 4)
+        assert result.calls == max(math.ceil(n / 2), n * (n - 1) // 4)
         assert len(set(pairs_of(result))) == len(result.matches)
+        assert {i for m in result.matches for i in (m.a, m.b)} == set(range(n))  # all judged
     swapped = run_tournament(8, perfect(list(range(8))), scheme=DEFAULT_SCHEME,
                              **default_options(8, swap=True))
     assert swapped.calls == 28 and len(swapped.matches) == 14

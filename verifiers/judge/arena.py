@@ -38,7 +38,7 @@ from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, c
                                        check_template, parse_pairwise, parse_with_pattern,
                                        reference_text, render)
 from verifiers.judge.games import Verdict
-from verifiers.judge.ratings import SCORINGS, average_ranks, spearman
+from verifiers.judge.ratings import SCORE_DIGITS, SCORINGS, average_ranks, spearman
 from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
                                         TournamentResult, default_options, run_tournament,
                                         scheme_options)
@@ -212,10 +212,12 @@ def _sampled(seed: int, fraction: float) -> bool:
 
 
 def _ranks(scores: Sequence[float]) -> list[float]:
-    """Each score's rank scaled to [0, 1] (1 = best), ties sharing their mean rank."""
+    """Each score's rank scaled to [0, 1] (1 = best), ties sharing their mean rank (scores
+    equal to :data:`SCORE_DIGITS` decimals are ties)."""
     if len(scores) == 1:
         return [1.0]
-    return [rank / (len(scores) - 1) for rank in average_ranks(scores)]
+    rounded = [round(float(s), SCORE_DIGITS) for s in scores]
+    return [rank / (len(scores) - 1) for rank in average_ranks(rounded)]
 
 
 def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge,
@@ -252,6 +254,12 @@ def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge
             outcomes.append(Outcome.failure(kind, "no comparison of this rollout got a "
                                             f"verdict: {message}", **detail))
             continue
-        reward = rank_of[i] if params.reward == "rank" else float(result.scores[i])
+        if params.reward == "score":
+            reward = float(result.scores[i])
+        elif n == 1:  # a group of one has no rank: its result against the anchor instead
+            decided = games[i]["wins"] + games[i]["losses"] + games[i]["ties"]
+            reward = (games[i]["wins"] + games[i]["ties"] / 2) / decided
+        else:
+            reward = rank_of[i]
         outcomes.append(Outcome.success(reward, **detail))
     return outcomes

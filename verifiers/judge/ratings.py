@@ -26,6 +26,10 @@ the mean over this many seeded orders."""
 
 Scoring = Callable[[int, Sequence[Match], int], np.ndarray]
 
+SCORE_DIGITS = 9
+"""Scores are compared for ranking at this many decimals: rollouts the data cannot tell
+apart get fitted scores that differ only in their last bits, and must share a rank."""
+
 
 def _decided(matches: Iterable[Match]) -> list[tuple[int, int, Verdict]]:
     return [(m.a, m.b, m.verdict) for m in matches if m.verdict is not None]

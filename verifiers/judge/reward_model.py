@@ -191,8 +191,32 @@ def truncate_ids(ids: list[int], max_length: int, side: str,
         return ids, False
     head = ids[:1] if bos_id is not None and ids and ids[0] == bos_id else []
     body = ids[len(head):]
-    keep = max_length - len(head)
+    keep = max(max_length - len(head), 0)
     return head + (body[len(body) - keep:] if side == "left" else body[:keep]), True
+
+
+TEXT_SAFE_TRIES = 8
+"""How many more tokens a cut may drop to land between characters (a multi-byte character
+spans at most 4 byte-level tokens; the margin covers merges around it)."""
+
+
+def truncate_text_safe(tokenizer: Any, ids: list[int], max_length: int,
+                       side: str) -> tuple[list[int], bool]:
+    """:func:`truncate_ids`, with the cut moved (one token further at a time) until the kept
+    ids decode to a text that encodes back to the same ids. A cut through a multi-byte
+    character would decode to U+FFFD and re-encode to other tokens: an endpoint, which gets
+    text, would then score something else than the local model. Both paths cut here, so
+    they score the same tokens; when no cut within :data:`TEXT_SAFE_TRIES` round-trips, the
+    plain cut is kept."""
+    kept, truncated = truncate_ids(ids, max_length, side, tokenizer.bos_token_id)
+    if not truncated:
+        return kept, False
+    for fewer in range(TEXT_SAFE_TRIES + 1):
+        candidate, _ = truncate_ids(ids, max_length - fewer, side, tokenizer.bos_token_id)
+        text = tokenizer.decode(candidate)
+        if list(tokenizer(text, add_special_tokens=False)["input_ids"]) == candidate:
+            return candidate, True
+    return kept, True
 
 
 # --------------------------------------------------------------------------- local model
@@ -211,8 +235,8 @@ def _score_local(samples: Sequence[Sample], params: RewardModelParams) -> Scored
                          f"{num_labels} label(s)")
     with loaded.lock:
         tokenizer = loaded.tokenizer
-        rendered = [truncate_ids(render_ids(tokenizer, s, params), params.max_length,
-                                 params.truncation_side, tokenizer.bos_token_id)
+        rendered = [truncate_text_safe(tokenizer, render_ids(tokenizer, s, params),
+                                       params.max_length, params.truncation_side)
                     for s in samples]
         # similar lengths together: less padding
         order = sorted(range(len(samples)), key=lambda i: len(rendered[i][0]))
@@ -276,8 +300,8 @@ def _endpoint_inputs(samples: Sequence[Sample], params: RewardModelParams
         for sample in samples:
             text, add_special = render_text(tokenizer, sample, params)
             ids = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
-            kept, truncated = truncate_ids(ids, params.max_length, params.truncation_side,
-                                           tokenizer.bos_token_id)
+            kept, truncated = truncate_text_safe(tokenizer, ids, params.max_length,
+                                                 params.truncation_side)
             if truncated:
                 text, add_special = tokenizer.decode(kept), False
             inputs.append((text, add_special, truncated, len(kept)))
@@ -342,6 +366,8 @@ def _parse_classify(reply: Any, expected: int, label: int, url: str) -> list[flo
 
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETRY_MAX_S = 60.0
+"""The longest wait between two attempts, a server's Retry-After included."""
 
 
 def _post_with_retries(client: Any, url: str, body: dict[str, Any],
@@ -354,7 +380,7 @@ def _post_with_retries(client: Any, url: str, body: dict[str, Any],
     for attempt in range(params.max_retries + 1):
         if attempt:
             time.sleep(delay)
-            delay *= 2
+            delay = min(delay * 2, RETRY_MAX_S)
         try:
             response = client.post(url, json=body)
         except httpx.TransportError as exc:  # refused, reset, timed out
@@ -364,7 +390,7 @@ def _post_with_retries(client: Any, url: str, body: dict[str, Any],
             last = f"HTTP {response.status_code}: {response.text[:200]}"
             retry_after = response.headers.get("retry-after", "")
             if retry_after.isdigit():
-                delay = max(delay, min(float(retry_after), 60.0))
+                delay = max(delay, min(float(retry_after), RETRY_MAX_S))
             continue
         if response.status_code != 200:
             return f"{url} answered HTTP {response.status_code}: {response.text[:200]}"

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from verifiers.judge.games import JudgeRound, Match, merge_orders
-from verifiers.judge.ratings import SCORINGS, average_ranks
+from verifiers.judge.ratings import SCORE_DIGITS, SCORINGS, average_ranks
 
 DEFAULT_SCHEME = "swiss"
 DEFAULT_OPTIONS: dict[str, Any] = {"scoring": "bt", "swap": False, "calls": 60}
@@ -222,7 +222,8 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
     if all(m.verdict is None for m in arena.matches):
         return [0.5] * n
     final = arena.scores()
-    ranks = average_ranks([(advanced[i], final[i]) for i in range(n)])
+    ranks = average_ranks([(advanced[i], round(float(final[i]), SCORE_DIGITS))
+                           for i in range(n)])
     return [r / (n - 1) for r in ranks]
 
 
@@ -258,16 +259,19 @@ def swiss(arena: _Arena, n: int, *, rounds: int | None = None, calls: int | None
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     if calls is not None and calls < 1:
         raise ValueError(f"calls must be at least 1, not {calls}")
+    per_call = 2 if arena.swap else 1
+    anchor_calls = per_call * n if seeding == "anchor" else 0
+    if calls is not None and calls - anchor_calls < per_call:  # checked before any call
+        raise ValueError(f"calls={calls} leaves no comparison for the Swiss rounds (each costs "
+                         f"{per_call}{' with swap' if arena.swap else ''}"
+                         f"{f', after {anchor_calls} against the anchor' if anchor_calls else ''})")
     if seeding == "anchor":
         _against_anchor(arena, n)
-    per_call = 2 if arena.swap else 1
-    if calls is not None and calls - arena.calls < per_call:
-        raise ValueError(f"calls={calls} leaves no comparison for the Swiss rounds (each costs "
-                         f"{per_call}{' with swap' if arena.swap else ''})")
     if rounds is None:
         rounds = (max(1, math.ceil(math.log2(n))) if calls is None
                   else math.ceil((calls - arena.calls) / (per_call * (n // 2))))
     met: set[frozenset[int]] = set()
+    asked: set[tuple[int, int]] = set()
     had_bye: set[int] = set()
     for _ in range(rounds):
         budget = None if calls is None else (calls - arena.calls) // per_call
@@ -284,9 +288,29 @@ def swiss(arena: _Arena, n: int, *, rounds: int | None = None, calls: int | None
             closest = sorted(range(len(pairs)),
                              key=lambda k: (abs(current[pairs[k][0]] - current[pairs[k][1]]), k))
             pairs = [pairs[k] for k in sorted(closest[:budget])]
-        arena.play(arena.orient(pairs))
-        met.update(frozenset(p) for p in pairs)
+        fresh = _unasked(arena.orient(pairs), asked, arena.swap)
+        if not fresh:  # only rematches left, every order of them already asked
+            break
+        arena.play(fresh)
+        met.update(frozenset(p) for p in fresh)
+        asked.update(fresh)
+        if arena.swap:
+            asked.update((b, a) for a, b in fresh)
     return list(arena.scores()[:n])
+
+
+def _unasked(pairs: list[tuple[int, int]], asked: set[tuple[int, int]],
+             swap: bool) -> list[tuple[int, int]]:
+    """The round's pairs without repeats of an ordered pair already asked (the judge would
+    only give its answer again): a rematch is shown in the order not yet asked, and dropped
+    when both were (with swap, when it was asked at all)."""
+    fresh = []
+    for a, b in pairs:
+        if (a, b) not in asked:
+            fresh.append((a, b))
+        elif not swap and (b, a) not in asked:
+            fresh.append((b, a))
+    return fresh
 
 
 def _pair_avoiding_rematches(order: list[int], met: set[frozenset[int]],
@@ -341,10 +365,12 @@ def _matching(order: list[int], met: set[frozenset[int]], rank: dict[int, int],
 
 def default_options(n: int, swap: bool = False) -> dict[str, Any]:
     """:data:`DEFAULT_OPTIONS` for a group of ``n``: a budget of n(n - 1) / 4 judge calls
-    (rounded down), a quarter of round robin in both orders; twice that with ``swap``, so
-    that the same pairs are asked; at least one comparison."""
+    (rounded down), a quarter of round robin in both orders, but at least ceil(n / 2), so
+    that every rollout is judged (three rollouts: two calls); twice that with ``swap``, so
+    that the same pairs are asked."""
     per_call = 2 if swap else 1
-    return {**DEFAULT_OPTIONS, "swap": swap, "calls": per_call * max(1, n * (n - 1) // 4)}
+    return {**DEFAULT_OPTIONS, "swap": swap,
+            "calls": per_call * max(math.ceil(n / 2), n * (n - 1) // 4)}
 
 
 SCHEMES: dict[str, Callable[..., list[float]]] = {
@@ -379,6 +405,8 @@ def run_tournament(n: int, judge_round: JudgeRound, *, scheme: str = DEFAULT_SCH
     if unknown:
         raise ValueError(f"scheme {scheme!r} has no option {', '.join(sorted(unknown))}")
     arena = _Arena(n, judge_round, swap, scoring, seed)
-    if n < 2:
-        return arena.result([0.0] * n)
+    if n < 2:  # nothing to compare, except a lone rollout with the anchor
+        if n == 1 and (scheme == "anchor" or options.get("seeding") == "anchor"):
+            _against_anchor(arena, 1)
+        return arena.result([0.0] * n if not arena.matches else list(arena.scores()[:n]))
     return arena.result(SCHEMES[scheme](arena, n, **options))
