@@ -40,6 +40,24 @@ def question(n: int = 0) -> ChatRequest:
     return ChatRequest((("user", f"question {n}"),), max_tokens=64)
 
 
+def chat_from_threads(server: JudgeServer, clients: list[Any], each: int,
+                      latency_s: float) -> list[Any]:
+    """Each client sends ``each`` distinct questions from a thread of its own (as worker
+    processes would), the server answering slowly; every reply, in no particular order."""
+    results: list[Any] = []
+    server.latency_s = latency_s
+    try:
+        threads = [threading.Thread(target=lambda c=c, k=k: results.extend(
+            c.chat([question(100 * k + i) for i in range(each)]))) for k, c in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        server.latency_s = 0.0
+    return results
+
+
 def test_answers_come_back_in_order_with_usage(server: JudgeServer) -> None:
     replies = backend(server).chat([question(i) for i in range(5)])
     assert all(isinstance(r, ChatReply) for r in replies)
@@ -133,6 +151,32 @@ def test_backend_settings_are_checked_when_built(tmp_path: Any, settings: dict[s
     path.write_text(json.dumps({"j": {"base_url": "http://x/v1", "model": "m", **settings}}))
     with pytest.raises(JudgeConfigError, match=f"judge backend 'j': .*{reason}"):
         resolve_backend(BackendOverride(name="j"), {"REWARDD_JUDGE_BACKENDS_FILE": str(path)})
+
+
+def test_request_overrides_cannot_raise_the_operators_bound(server: JudgeServer,
+                                                            tmp_path: Any) -> None:
+    """max_concurrency 2 in the file: a request asking for 50 gets 2, and two requests
+    overriding the model (two backends) still share those 2 slots in the process."""
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"j": {"base_url": server.base_url, "model": "rule-judge",
+                                      "max_concurrency": 2}}))
+    env = {"REWARDD_JUDGE_BACKENDS_FILE": str(path)}
+    greedy = resolve_backend(BackendOverride(name="j", max_concurrency=50), env)
+    assert greedy.config.max_concurrency == 2  # type: ignore[attr-defined]
+    other = resolve_backend(BackendOverride(name="j", model="rule-judge-2"), env)
+    chat_from_threads(server, [greedy, other], 4, latency_s=0.1)
+    assert len(server.requests) == 8 and server.max_in_flight == 2
+
+
+def test_built_backends_are_bounded(server: JudgeServer, tmp_path: Any) -> None:
+    from verifiers.judge import config
+
+    path = tmp_path / "judges.json"
+    path.write_text(json.dumps({"j": {"base_url": server.base_url, "model": "m"}}))
+    env = {"REWARDD_JUDGE_BACKENDS_FILE": str(path)}
+    for k in range(config.MAX_BUILT_BACKENDS + 10):
+        resolve_backend(BackendOverride(name="j", model=f"m{k}"), env)
+    assert len(config._backends) == config.MAX_BUILT_BACKENDS
 
 
 def test_a_backends_file_entry_must_be_an_object(tmp_path: Any) -> None:
@@ -321,19 +365,9 @@ def test_the_fleet_bound_holds_across_backends(server: JudgeServer, fleet_redis:
     """Two backends (as two worker processes would be), each allowed 4 in flight, share a
     fleet bound of 3: the server never sees more than 3 at once, and every request is
     answered; the slots are all returned."""
-    server.latency_s = 0.15
-    try:
-        clients = [backend(server, max_concurrency=4, fleet_max_concurrency=3,
-                           state_url=FLEET_REDIS) for _ in range(2)]
-        results: list[Any] = []
-        threads = [threading.Thread(target=lambda c=c, k=k: results.extend(
-            c.chat([question(100 * k + i) for i in range(6)]))) for k, c in enumerate(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        server.latency_s = 0.0
+    clients = [backend(server, max_concurrency=4, fleet_max_concurrency=3,
+                       state_url=FLEET_REDIS) for _ in range(2)]
+    results = chat_from_threads(server, clients, 6, latency_s=0.15)
     assert len(results) == 12 and all(isinstance(r, ChatReply) for r in results)
     assert server.max_in_flight == 3
     assert fleet_redis.zcard("rewardd:judge-slots:t") == 0

@@ -51,8 +51,9 @@ class ArenaParams(VerifierParams):
     """round_robin, single_elimination, swiss or anchor."""
     options: dict[str, Any] | None = None
     """Scheme options, e.g. ``{"rounds": 5}`` or ``{"calls": 40}`` for swiss,
-    ``{"seeding": "anchor"}`` for single elimination. None: the scheme's defaults; for the default scheme, the benchmark's
-    choice for the group's size (:func:`~verifiers.judge.tournament.default_options`)."""
+    ``{"seeding": "anchor"}`` for single elimination. None: the scheme's defaults; for the
+    default scheme, the benchmark's choice for the group's size
+    (:func:`~verifiers.judge.tournament.default_options`)."""
     scoring: Literal["bt", "win_rate", "elo"] = DEFAULT_OPTIONS.get("scoring", "bt")
     swap: bool = bool(DEFAULT_OPTIONS.get("swap", False))
     """Ask every comparison in both orders; inconsistent pairs count as ties."""

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verifiers.judge.backend import ChatBackend
 from verifiers.judge.fleet import state_url
-from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig
+from verifiers.judge.openai_compat import (DEFAULT_MAX_CONCURRENCY, OpenAIChatBackend,
+                                           OpenAIConfig)
 
 DEFAULT_BACKEND = "default"
 
@@ -61,6 +62,9 @@ class JudgeConfigError(ValueError):
 
 _lock = threading.Lock()
 _backends: dict[tuple[Any, ...], ChatBackend] = {}
+MAX_BUILT_BACKENDS = 64
+"""Backends kept built per process, least recently used dropped first: every distinct
+override a request sends builds one (with its own connection pool)."""
 
 
 def configured_backends(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -111,14 +115,30 @@ def resolve_backend(override: BackendOverride | None,
                                    "service sets REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; pick a "
                                    "configured backend by name instead")
         raw["base_url"] = choice.base_url
-    for field in ("model", "max_concurrency", "timeout_s"):
+    overridden = any(getattr(choice, f) is not None for f in ("model", "max_concurrency",
+                                                               "timeout_s", "base_url"))
+    if overridden and raw.get("kind", "openai") == "openai":
+        # a request may lower the operator's bound, never raise it, and its backend shares
+        # the configured one's bound in this process
+        try:
+            configured = int(raw.get("max_concurrency", DEFAULT_MAX_CONCURRENCY))
+        except (TypeError, ValueError):
+            raise JudgeConfigError(f"judge backend {choice.name!r}: max_concurrency is "
+                                   f"{raw.get('max_concurrency')!r}, not a number") from None
+        raw["endpoint_max_concurrency"] = configured
+        if choice.max_concurrency is not None:
+            raw["max_concurrency"] = min(choice.max_concurrency, configured)
+    for field in ("model", "timeout_s"):
         if getattr(choice, field) is not None:
             raw[field] = getattr(choice, field)
     key = (choice.name, json.dumps(raw, sort_keys=True, default=str))
     with _lock:
-        backend = _backends.get(key)
+        backend = _backends.pop(key, None)
         if backend is None:
-            backend = _backends[key] = _build(choice.name, raw, env)
+            backend = _build(choice.name, raw, env)
+        _backends[key] = backend  # most recently used last
+        while len(_backends) > MAX_BUILT_BACKENDS:
+            _backends.pop(next(iter(_backends)))
         return backend
 
 

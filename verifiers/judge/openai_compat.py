@@ -15,6 +15,7 @@ batch and waits. The thread and the pools are made again after a fork.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
@@ -39,6 +40,7 @@ BACKOFF_MAX_S = 8.0
 or the server's ``Retry-After`` when it sent one (capped at BACKOFF_MAX_S)."""
 
 CACHE_ENTRIES = 20_000
+DEFAULT_MAX_CONCURRENCY = 16
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -51,8 +53,12 @@ class OpenAIConfig:
     base_url: str
     model: str
     api_key: str | None = None
-    max_concurrency: Annotated[int, Field(ge=1, le=4096)] = 16
+    max_concurrency: Annotated[int, Field(ge=1, le=4096)] = DEFAULT_MAX_CONCURRENCY
     """Requests in flight at once from one process (each worker process has its own)."""
+    endpoint_max_concurrency: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """The configured backend's own bound, shared in this process by every backend built
+    from it with a request's override (another model, timeout or a lower bound), so that
+    overrides cannot multiply what the operator allowed; None: only ``max_concurrency``."""
     fleet_max_concurrency: Annotated[int, Field(ge=1)] | None = None
     """Requests in flight at once from every process together (Redis leases,
     :mod:`verifiers.judge.fleet`); None: no fleet-wide bound."""
@@ -101,6 +107,11 @@ class ReplyCache:
 
 CACHE = ReplyCache()
 
+_ENDPOINT_BOUNDS: dict[tuple[int, str, str], asyncio.Semaphore] = {}
+"""(process, backend name, base_url) -> the configured bound every override of that backend
+shares (all used on the process's one loop thread)."""
+_NO_BOUND = contextlib.nullcontext()
+
 
 class _LoopThread:
     """An event loop in a daemon thread, one per process (made again after a fork)."""
@@ -146,6 +157,7 @@ class OpenAIChatBackend(ChatBackend):
         self._cache = cache if config.cache else None
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._shared: asyncio.Semaphore | None = None
         self._pid: int | None = None
         self.posts = 0
         """HTTP requests this backend has sent in this process (retries included)."""
@@ -206,6 +218,11 @@ class OpenAIChatBackend(ChatBackend):
                                                                          10.0)),
                 limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
             self._semaphore = asyncio.Semaphore(limit)
+            self._shared = None
+            if self.config.endpoint_max_concurrency is not None:
+                key = (os.getpid(), self.name, self.config.base_url)
+                self._shared = _ENDPOINT_BOUNDS.setdefault(
+                    key, asyncio.Semaphore(self.config.endpoint_max_concurrency))
             self._pid = os.getpid()
 
     async def _send(self, request: ChatRequest) -> ChatResult:
@@ -219,7 +236,7 @@ class OpenAIChatBackend(ChatBackend):
         for attempt in range(self.config.max_retries + 1):
             attempts = attempt + 1
             wait: float | None = None
-            async with self._semaphore:
+            async with self._shared or _NO_BOUND, self._semaphore:
                 # the lease's token exists before it is taken, so that a batch cancelled
                 # while the slot is being taken still gives the slot back
                 lease = new_lease_token() if self._fleet is not None else None
