@@ -209,6 +209,13 @@ def test_elimination_ranks_by_round_reached_then_by_score():
                                                                    key=lambda i: theta[i])
 
 
+def test_single_elimination_does_not_rank_apart_what_only_the_seed_told_apart():
+    for n in (2, 4):
+        result = run_tournament(n, Recorder(lambda a, b: TIE), scheme="single_elimination",
+                                seed=3)
+        assert result.scores == [0.5] * n
+
+
 def test_swiss_never_rematches_when_avoidable_and_gives_everyone_rounds_games():
     for seed in range(20):
         judge = Recorder(lambda a, b, s=seed: [A2, A1, TIE, B1, B2][(a * 7 + b * 3 + s) % 5])

@@ -186,9 +186,10 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
     going to the top seeds. A match the judge left undecided (a tie, a failure) is won by the
     higher current score, then by the better seed.
 
-    Ranking: by the number of rounds a rollout advanced (a bye counts), and within the same
-    number by its score from the scoring method fitted to every recorded comparison (anchor
-    ones included). Returned scores are those ranks scaled to [0, 1] (last 0, winner 1, equal
+    Ranking: by the number of rounds a rollout advanced (a bye counts; a tie broken by the
+    seed alone does not, so rollouts the judge cannot tell apart are not ranked apart by a
+    coin), and within the same number by its score from the scoring method fitted to every
+    recorded comparison (anchor ones included). Returned scores are those ranks scaled to [0, 1] (last 0, winner 1, equal
     keys share their mean rank); all 0.5 when the judge decided nothing at all.
     """
     _check_seeding(seeding)
@@ -208,6 +209,7 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
         current = arena.scores()
         alive = []
         for x, y in duels:
+            earned = True
             if x is None or y is None:
                 winner = x if y is None else y
             else:
@@ -217,7 +219,10 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
                     winner = m.a if margin > 0 else m.b
                 else:
                     winner = max(x, y, key=lambda i: (current[i], -seed_of[i]))
-            advanced[winner] += 1
+                    # equal scores: only the seed chose, and a coin earns no rank
+                    earned = (round(float(current[x]), SCORE_DIGITS)
+                              != round(float(current[y]), SCORE_DIGITS))
+            advanced[winner] += earned
             alive.append(winner)
     if all(m.verdict is None for m in arena.matches):
         return [0.5] * n
