@@ -412,6 +412,46 @@ def test_a_batch_cancelled_while_taking_a_slot_gives_it_back(server: JudgeServer
     assert len(server.requests) == 0
 
 
+# ---- the reply cache shared through Redis ---------------------------------------------------
+
+def test_replies_are_shared_across_processes_through_redis(server: JudgeServer,
+                                                           fleet_redis: Any) -> None:
+    """Two backends with caches of their own (two worker processes) and one Redis: the
+    second is answered from the first's reply; failures are never shared."""
+    first, second = (backend(server, shared_cache_url=FLEET_REDIS, shared_cache_ttl_s=60)
+                     for _ in range(2))
+    [asked] = first.chat([question(1)])
+    [shared] = second.chat([question(1)])
+    assert isinstance(shared, ChatReply) and shared.cached and not asked.cached
+    assert (shared.text, shared.prompt_tokens) == (asked.text, asked.prompt_tokens)
+    assert len(server.requests) == 1
+    [key] = fleet_redis.keys("rewardd:judge-reply:*")
+    assert 0 < fleet_redis.pttl(key) <= 60_000
+    server.faults.extend([("status", 400)])
+    [failed] = first.chat([question(2)])
+    assert isinstance(failed, JudgeUnavailable)
+    [answered] = second.chat([question(2)])
+    assert isinstance(answered, ChatReply) and not answered.cached
+    assert len(server.requests) == 3
+
+
+def test_an_unreachable_reply_cache_is_a_miss(server: JudgeServer) -> None:
+    judge = backend(server, shared_cache_url="redis://127.0.0.1:9/0")
+    assert all(isinstance(r, ChatReply) for r in judge.chat([question(1), question(2)]))
+    assert len(server.requests) == 2
+
+
+def test_the_shared_cache_is_configured_from_the_environment(server: JudgeServer,
+                                                             tmp_path: Any) -> None:
+    env = {"REWARDD_JUDGE_BASE_URL": server.base_url, "REWARDD_JUDGE_MODEL": "rule-judge",
+           "REWARDD_JUDGE_CACHE_URL": FLEET_REDIS, "REWARDD_JUDGE_CACHE_TTL_S": "30"}
+    chosen = resolve_backend(None, env)
+    assert chosen.config.shared_cache_url == FLEET_REDIS  # type: ignore[attr-defined]
+    assert chosen.config.shared_cache_ttl_s == 30.0  # type: ignore[attr-defined]
+    with pytest.raises(JudgeConfigError, match="must start with redis://"):
+        resolve_backend(None, {**env, "REWARDD_JUDGE_CACHE_URL": "127.0.0.1:6379"})
+
+
 def test_without_redis_the_fleet_bound_falls_back_to_the_process_bound(
         server: JudgeServer) -> None:
     [reply] = backend(server, fleet_max_concurrency=1,

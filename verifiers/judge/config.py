@@ -131,6 +131,10 @@ def resolve_backend(override: BackendOverride | None,
     for field in ("model", "timeout_s"):
         if getattr(choice, field) is not None:
             raw[field] = getattr(choice, field)
+    if env.get("REWARDD_JUDGE_CACHE_URL") and raw.get("kind", "openai") == "openai":
+        raw.setdefault("shared_cache_url", env["REWARDD_JUDGE_CACHE_URL"])
+        if env.get("REWARDD_JUDGE_CACHE_TTL_S"):
+            raw.setdefault("shared_cache_ttl_s", env["REWARDD_JUDGE_CACHE_TTL_S"])
     key = (choice.name, json.dumps(raw, sort_keys=True, default=str))
     with _lock:
         backend = _backends.pop(key, None)

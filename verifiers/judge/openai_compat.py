@@ -29,6 +29,7 @@ from pydantic.dataclasses import dataclass
 from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
                                      JudgeUnavailable)
 from verifiers.judge.fleet import FleetSlots, new_lease_token
+from verifiers.judge.shared_cache import DEFAULT_TTL_S, SharedReplyCache
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Worth another try: rate limits, overload and gateway errors. Any other 4xx means the
@@ -69,6 +70,10 @@ class OpenAIConfig:
     cost_per_1k_prompt: Annotated[float, Field(ge=0)] = 0.0
     cost_per_1k_completion: Annotated[float, Field(ge=0)] = 0.0
     cache: bool = True
+    """Answer equal requests from the caches (this process's, and the shared one if set)."""
+    shared_cache_url: str | None = None
+    """Redis for replies shared by every process (:mod:`verifiers.judge.shared_cache`)."""
+    shared_cache_ttl_s: Annotated[float, Field(gt=0)] = DEFAULT_TTL_S
 
 
 class ReplyCache:
@@ -155,6 +160,10 @@ class OpenAIChatBackend(ChatBackend):
         self.model = config.model
         self.cost_per_1k_tokens = (config.cost_per_1k_prompt, config.cost_per_1k_completion)
         self._cache = cache if config.cache else None
+        self._shared_cache = (SharedReplyCache(config.shared_cache_url,
+                                               config.shared_cache_ttl_s)
+                              if self._cache is not None and config.shared_cache_url
+                              else None)
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
         self._shared: asyncio.Semaphore | None = None
@@ -184,15 +193,24 @@ class OpenAIChatBackend(ChatBackend):
                 todo.setdefault(key, []).append(i)
             else:
                 todo[f"{i}"] = [i]
+        if todo and self._shared_cache is not None:
+            for key, reply in self._shared_cache.get_many(todo).items():
+                for i in todo.pop(key):
+                    results[i] = _cached(reply)
+                self._cache.put(key, reply)  # type: ignore[union-attr]
         if todo:
             firsts = [indexes[0] for indexes in todo.values()]
             answers = _LoopThread.get().run(self._send_all([requests[i] for i in firsts]))
+            fresh: dict[str, ChatReply] = {}
             for (key, indexes), answer in zip(todo.items(), answers):
                 results[indexes[0]] = answer
                 for i in indexes[1:]:
                     results[i] = _cached(answer) if isinstance(answer, ChatReply) else answer
                 if self._cache is not None and isinstance(answer, ChatReply):
                     self._cache.put(key, answer)
+                    fresh[key] = answer
+            if self._shared_cache is not None:
+                self._shared_cache.put_many(fresh)
         return results  # type: ignore[return-value]
 
     async def _send_all(self, requests: list[ChatRequest]) -> list[ChatResult]:
