@@ -189,8 +189,9 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
     Ranking: by the number of rounds a rollout advanced (a bye counts; a tie broken by the
     seed alone does not, so rollouts the judge cannot tell apart are not ranked apart by a
     coin), and within the same number by its score from the scoring method fitted to every
-    recorded comparison (anchor ones included). Returned scores are those ranks scaled to [0, 1] (last 0, winner 1, equal
-    keys share their mean rank); all 0.5 when the judge decided nothing at all.
+    recorded comparison (anchor ones included). Returned scores are those ranks scaled to
+    [0, 1] (last 0, winner 1, equal keys share their mean rank); all 0.5 when the judge
+    decided nothing at all.
     """
     _check_seeding(seeding)
     if seeding == "anchor":
