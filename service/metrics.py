@@ -106,23 +106,26 @@ JUDGE_COST = Counter("rewardd_judge_cost_usd_total",
 def observe_judge_usage(verifier: str, usage: Mapping[str, Any]) -> None:
     """Count one outcome's judge usage (``detail["judge"]``). A group-level verifier whose
     calls served the whole group reports the group's usage in each of its ``shared_by``
-    outcomes; each counts its share. Never raises: metrics never break a response."""
+    outcomes, numbered by ``share_index``; only the first is counted, whole (fractions of
+    it would not add back up to whole calls and tokens). Never raises: metrics never break
+    a response."""
     try:
-        share = 1.0 / max(int(usage.get("shared_by") or 1), 1)
+        if int(usage.get("shared_by") or 1) > 1 and int(usage.get("share_index") or 0) != 0:
+            return
         labels = (verifier, str(usage.get("backend", "")), str(usage.get("model", "")))
         calls, cached, failed = (int(usage.get(k) or 0) for k in ("calls", "cached", "failed"))
         for result, count in (("answered", calls - cached - failed), ("cached", cached),
                               ("failed", failed)):
             if count > 0:
-                JUDGE_CALLS.labels(*labels, result).inc(count * share)
+                JUDGE_CALLS.labels(*labels, result).inc(count)
         if usage.get("retries"):
-            JUDGE_RETRIES.labels(*labels).inc(int(usage["retries"]) * share)
+            JUDGE_RETRIES.labels(*labels).inc(int(usage["retries"]))
         for kind in ("prompt", "completion"):
             tokens = int(usage.get(f"{kind}_tokens") or 0)
             if tokens:
-                JUDGE_TOKENS.labels(*labels, kind).inc(tokens * share)
+                JUDGE_TOKENS.labels(*labels, kind).inc(tokens)
         if usage.get("cost_usd"):
-            JUDGE_COST.labels(*labels).inc(float(usage["cost_usd"]) * share)
+            JUDGE_COST.labels(*labels).inc(float(usage["cost_usd"]))
     except Exception:
         log.debug("could not record judge usage", exc_info=True)
 

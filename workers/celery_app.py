@@ -110,6 +110,21 @@ def max_samples_per_task(timeout_s: float, settings: Settings) -> int:
     return n
 
 
+MIN_GROUP_TIMEOUT_S = 0.1
+
+
+def group_timeout_s(samples: int, timeout_s: float, settings: Settings) -> float:
+    """The per-sample timeout of a group-level call (one task, never split: an arena or a
+    rubric judges the group as a whole), lowered where need be so that the task ends before
+    the broker's visibility timeout. Past it the broker would hand the message to a second
+    worker while the first still runs, asking the judge twice; lowered, a group that really
+    takes that long ends as a typed ``timeout`` instead."""
+    if longest_task_s(samples, timeout_s) <= settings.visibility_timeout_s:
+        return timeout_s
+    spare = settings.visibility_timeout_s - longest_task_s(samples, 0.0)
+    return max(spare / max(samples, 1), MIN_GROUP_TIMEOUT_S)
+
+
 def check_settings(settings: Settings) -> None:
     """Refuse a configuration in which one sample at the largest allowed timeout could still
     be running when the broker redelivers its message."""

@@ -45,8 +45,9 @@ from service import metrics
 from service.settings import Settings
 from verifiers.base import FailureKind, Outcome
 from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned,
-                                create_celery, deliveries_key, max_samples_per_task,
-                                parse_exitcode, redact_url, task_time_limits)
+                                create_celery, deliveries_key, group_timeout_s,
+                                max_samples_per_task, parse_exitcode, redact_url,
+                                task_time_limits)
 from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole)
 from workers.packing import Pack, pack_target, plan
@@ -279,7 +280,8 @@ class CeleryExecutor(Executor):
             for verifier, total in totals.items():
                 targets[verifier] = pack_target(total, slots.get(self.router.queue_for(verifier)),
                                                 self.settings.task_max_samples)
-        return plan(calls, self._max_samples, targets)
+        return plan(calls, self._max_samples, targets,
+                    lambda samples, timeout_s: group_timeout_s(samples, timeout_s, self.settings))
 
     async def _replay(self, pack: Pack) -> list[ItemResult]:
         """Every sample of ``pack`` as its own task (never replayed again)."""

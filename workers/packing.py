@@ -94,9 +94,9 @@ def _sample_dict(sample: Sample) -> dict[str, Any]:
 
 
 def split(call_index: int, call: VerifyCall, size: int) -> list[Part]:
-    """``call`` as parts of at most ``size`` samples; a group-level verifier's call stays
-    whole whatever its size (:func:`~workers.executor.keeps_group_whole`)."""
-    if len(call.samples) <= size or keeps_group_whole(call.verifier):
+    """``call`` as parts of at most ``size`` samples (a group-level verifier's call is never
+    split: :func:`plan` gives it a task of its own)."""
+    if len(call.samples) <= size:
         return [Part(call_index, 0, call)]
     return [Part(call_index, i, replace(call, samples=call.samples[i:i + size]))
             for i in range(0, len(call.samples), size)]
@@ -112,12 +112,20 @@ def pack_target(samples: int, slots: int | None, bound: int) -> int:
 
 
 def plan(calls: Sequence[VerifyCall], max_samples: Callable[[float], int],
-         targets: Mapping[str, int]) -> list[Pack]:
+         targets: Mapping[str, int],
+         fit_group_timeout: Callable[[int, float], float] | None = None) -> list[Pack]:
     """The tasks that run ``calls``: each call split into parts of at most
     ``max_samples(timeout_s)`` samples, then parts of the same verifier, parameters and limit
     packed in call order while a pack holds fewer than ``targets[verifier]`` samples (a part
     never pushes a pack past ``max_samples``). A verifier absent from ``targets`` (or with a
-    target of 0 or 1) is not packed: one part per task."""
+    target of 0 or 1) is not packed: one part per task.
+
+    A group-level verifier's call is one task of its own, never split and never packed: its
+    groups are few and slow, and a pack that failed as a whole (a dead worker, a hard limit)
+    could not be replayed group by group without asking the judge again for the groups that
+    had finished. Since it cannot be split, ``fit_group_timeout(samples, timeout_s)`` may
+    lower its per-sample timeout so that the task still ends in time (the broker's
+    visibility timeout)."""
     packs: list[Pack] = []
     open_parts: dict[tuple[str, float, str], list[Part]] = {}
     open_size: dict[tuple[str, float, str], int] = {}
@@ -130,6 +138,12 @@ def plan(calls: Sequence[VerifyCall], max_samples: Callable[[float], int],
             packs.append(Pack(tuple(parts)))
 
     for index, call in enumerate(calls):
+        if keeps_group_whole(call.verifier):
+            if fit_group_timeout is not None:
+                call = replace(call, timeout_s=fit_group_timeout(len(call.samples),
+                                                                 call.timeout_s))
+            packs.append(Pack((Part(index, 0, call),)))
+            continue
         bound = max_samples(call.timeout_s)
         target = min(targets.get(call.verifier, 0), bound)
         for part in split(index, call, bound):

@@ -6,8 +6,9 @@ import pytest
 
 from tests.integration.conftest import make_settings
 from verifiers.base import Sample
-from workers.celery_app import (KILL_GRACE_S, check_settings, longest_task_s,
-                                max_samples_per_task, parse_exitcode, task_time_limits)
+from workers.celery_app import (KILL_GRACE_S, check_settings, group_timeout_s,
+                                longest_task_s, max_samples_per_task, parse_exitcode,
+                                task_time_limits)
 from workers.executor import VerifyCall
 from workers.routing import Router, parse_routes
 
@@ -41,6 +42,14 @@ def test_no_task_outlives_the_visibility_timeout() -> None:
     assert longest_task_s(56, 1.0) <= 60.0 < longest_task_s(57, 1.0)
     assert max_samples_per_task(0.1, settings) == 64  # capped by task_max_samples
     assert max_samples_per_task(50.0, settings) == 1
+
+
+def test_a_judge_group_that_cannot_be_split_is_fitted_to_the_visibility_timeout() -> None:
+    settings = make_settings(visibility_timeout_s=900.0)
+    assert longest_task_s(16, 60.0) > 900.0  # 16 rollouts at 60 s would outlive it
+    fitted = group_timeout_s(16, 60.0, settings)
+    assert fitted < 60.0 and longest_task_s(16, fitted) == pytest.approx(900.0)
+    assert group_timeout_s(8, 60.0, settings) == 60.0  # fits: unchanged
 
 
 def test_a_visibility_timeout_shorter_than_one_sample_is_refused() -> None:

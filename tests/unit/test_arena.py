@@ -158,6 +158,29 @@ def test_three_rollouts_are_all_judged_by_default() -> None:
     assert out[1].reward == 1.0
 
 
+def test_a_groups_shared_judge_usage_is_counted_once_and_whole() -> None:
+    from prometheus_client import REGISTRY
+
+    from service.metrics import observe_judge_usage
+
+    labels = {"verifier": "arena-metrics-test", "backend": "b", "model": "m"}
+
+    def counted() -> tuple[float, float]:
+        return (REGISTRY.get_sample_value("rewardd_judge_calls_total",
+                                          {**labels, "result": "answered"}) or 0.0,
+                REGISTRY.get_sample_value("rewardd_judge_tokens_total",
+                                          {**labels, "kind": "prompt"}) or 0.0)
+
+    before = counted()
+    usage = {"backend": "b", "model": "m", "calls": 60, "prompt_tokens": 7001, "shared_by": 7}
+    for index in range(7):
+        observe_judge_usage("arena-metrics-test", {**usage, "share_index": index})
+    after = counted()
+    assert (after[0] - before[0], after[1] - before[1]) == (60.0, 7001.0)  # exactly
+    out = arena([5, 1, 9])
+    assert [o.detail["judge"]["share_index"] for o in out] == [0, 1, 2]
+
+
 def test_a_custom_template_must_show_both_responses() -> None:
     with pytest.raises(ValueError, match="must name {response_b}"):
         ArenaParams.model_validate({"template": "Is {response_a} good? [[A>B]]"})

@@ -121,6 +121,19 @@ def test_a_body_that_does_not_decode_fails_its_own_request_only(server: JudgeSer
     assert isinstance(fine, ChatReply)
 
 
+def test_a_failure_shared_by_equal_requests_is_one_call_in_the_usage(
+        server: JudgeServer) -> None:
+    server.faults.extend([("status", 503)] * 3)
+    judge = backend(server, max_retries=2)
+    results = judge.chat([question(1), question(1)])
+    assert all(isinstance(r, JudgeUnavailable) for r in results)
+    assert len(server.requests) == 3 and [r.duplicate for r in results] == [False, True]
+    usage = judge.usage()
+    for result in results:
+        usage.add(result)
+    assert (usage.calls, usage.failed, usage.retries, usage.cached) == (2, 1, 2, 1)
+
+
 def test_the_cache_tells_endpoints_apart(server: JudgeServer) -> None:
     other = JudgeServer().start()
     try:

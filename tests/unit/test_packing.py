@@ -75,6 +75,23 @@ def test_every_sample_is_planned_exactly_once() -> None:
             assert all(len(pack.samples) <= bound for pack in packs)
 
 
+def test_group_level_calls_get_a_task_each_whatever_their_size() -> None:
+    """Judge groups are never split (an arena ranks the group as a whole) and never packed
+    (a failed pack could only be replayed by asking the judge again for every group)."""
+    calls = [call("rubric", 3, tag="a"), call("rubric", 20, tag="b"), call("rubric", 2),
+             call("math", 2), call("math", 2)]
+    packs = plan(calls, lambda timeout_s: 8, {"rubric": 64, "math": 64})
+    assert layout(packs) == [[(0, 0, 3)], [(1, 0, 20)], [(2, 0, 2)], [(3, 0, 2), (4, 0, 2)]]
+
+
+def test_a_group_level_call_may_have_its_timeout_fitted_to_one_task() -> None:
+    calls = [call("arena", 16, timeout_s=60.0), call("math", 16, timeout_s=60.0)]
+    packs = plan(calls, lambda timeout_s: 64, {},
+                 lambda samples, timeout_s: min(timeout_s, 800.0 / samples))
+    assert packs[0].parts[0].call.timeout_s == 50.0 and packs[0].timeout_s == 50.0
+    assert packs[1].parts[0].call.timeout_s == 60.0  # only group-level calls are fitted
+
+
 def test_pack_target_aims_at_a_few_tasks_per_worker_slot() -> None:
     assert TASKS_PER_SLOT == 4
     assert pack_target(512, 2, 64) == 64        # 512 / (4 x 2)

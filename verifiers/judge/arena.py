@@ -244,7 +244,8 @@ def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge
     rank_of = dict(zip(played, ranks))
     outcomes = []
     for i in range(n):
-        detail = {**shared, "score": round(float(result.scores[i]), 9), **games[i]}
+        detail = {**shared, "judge": {**usage, "share_index": i},
+                  "score": round(float(result.scores[i]), 9), **games[i]}
         if i not in rank_of:
             failures = judge.failures.get(i) or []
             if failures:

@@ -83,6 +83,9 @@ class JudgeUnavailable:
     message: str
     status: int | None = None
     attempts: int = 1
+    duplicate: bool = False
+    """The failure of an equal request of the same batch, which was sent once: the same
+    outcome for this one, but no call (nor retries) of its own in the usage."""
 
 
 ChatResult = ChatReply | JudgeUnavailable
@@ -107,6 +110,9 @@ class Usage:
 
     def add(self, result: ChatResult, cost: tuple[float, float] = (0.0, 0.0)) -> None:
         self.calls += 1
+        if isinstance(result, JudgeUnavailable) and result.duplicate:
+            self.cached += 1  # answered (with a failure) without asking
+            return
         self.retries += max(result.attempts - 1, 0)
         if isinstance(result, JudgeUnavailable):
             self.failed += 1

@@ -20,6 +20,7 @@ import os
 import random
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from concurrent.futures import Future
 from typing import Annotated, Any, Coroutine, Sequence
 
@@ -205,7 +206,8 @@ class OpenAIChatBackend(ChatBackend):
             for (key, indexes), answer in zip(todo.items(), answers):
                 results[indexes[0]] = answer
                 for i in indexes[1:]:
-                    results[i] = _cached(answer) if isinstance(answer, ChatReply) else answer
+                    results[i] = (_cached(answer) if isinstance(answer, ChatReply)
+                                  else replace(answer, duplicate=True))
                 if self._cache is not None and isinstance(answer, ChatReply):
                     self._cache.put(key, answer)
                     fresh[key] = answer
