@@ -87,17 +87,32 @@ def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
 async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
                     progress: ProgressCallback | None = None,
                     on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
-    """Run calls on the executor and record each sample's outcome and duration in the
-    metrics."""
-    results = await executor.run(calls, progress, on_call_done)
-    for call, result in zip(calls, results):
-        for item in result.items:
-            outcome = "ok" if item.outcome.ok else item.outcome.error.value
-            metrics.observe_verifier(call.verifier, outcome, item.elapsed_s)
-            judge = item.outcome.detail.get("judge")
-            if isinstance(judge, dict):
-                metrics.observe_judge_usage(call.verifier, judge)
+    """Run calls on the executor and record each sample's outcome, duration and judge usage
+    in the metrics as its call settles: a batch cancelled midway (a job cancelled, a client
+    gone) still counts the checks and the judge calls that were made, and paid for."""
+    recorded: set[int] = set()
+
+    def settled(index: int, result: CallResult) -> None:
+        if index not in recorded:
+            recorded.add(index)
+            _record(calls[index], result)
+        if on_call_done is not None:
+            on_call_done(index, result)
+
+    results = await executor.run(calls, progress, settled)
+    for index, (call, result) in enumerate(zip(calls, results)):
+        if index not in recorded:  # an executor that reported no settled call
+            _record(call, result)
     return results
+
+
+def _record(call: VerifyCall, result: CallResult) -> None:
+    for item in result.items:
+        outcome = "ok" if item.outcome.ok else item.outcome.error.value
+        metrics.observe_verifier(call.verifier, outcome, item.elapsed_s)
+        judge = item.outcome.detail.get("judge")
+        if isinstance(judge, dict):
+            metrics.observe_judge_usage(call.verifier, judge)
 
 
 async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,

@@ -20,9 +20,9 @@ from service.app import create_app
 from service.settings import Settings
 from tests.support.executors import RefusingExecutor
 from tests.support.server import REPO_ROOT, child_env
-from verifiers.base import Sample
+from verifiers.base import Outcome, Sample
 from workers.distributed import CeleryExecutor, _Waiter
-from workers.executor import VerifyCall
+from workers.executor import CallResult, ItemResult, VerifyCall
 from workers.packing import Pack
 
 
@@ -452,3 +452,26 @@ def test_publishing_in_pipelines(monkeypatch: Any, fail_flush: bool) -> None:
     else:  # three pipelines of at most 4, nothing sent outside them
         assert producer.flushed == [["t0", "t1", "t2", "t3"], ["t4", "t6", "t7"], ["t8", "t9"]]
         assert producer.immediate == []
+
+
+class HalfwayCancelledExecutor(RefusingExecutor):
+    """Settles the first call (a judge group that was asked), then the batch is cancelled."""
+
+    kind = "halfway"
+
+    async def run(self, calls: Any, progress: Any = None, on_call_done: Any = None) -> Any:
+        usage = {"backend": "b", "model": "m", "calls": 5, "prompt_tokens": 11}
+        if on_call_done is not None:
+            on_call_done(0, CallResult([ItemResult(Outcome.success(1.0, judge=usage), 0.1)]))
+        raise asyncio.CancelledError
+
+
+def test_judge_calls_of_a_batch_cancelled_midway_are_counted() -> None:
+    from service.pipeline import run_calls
+
+    labels = {"verifier": "halfway-test", "backend": "b", "model": "m"}
+    before = value("rewardd_judge_calls_total", result="answered", **labels)
+    calls = [VerifyCall("halfway-test", (Sample("a"),), {}, {}, 1.0) for _ in range(3)]
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run_calls(calls, HalfwayCancelledExecutor()))
+    assert value("rewardd_judge_calls_total", result="answered", **labels) - before == 5
