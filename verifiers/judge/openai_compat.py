@@ -167,7 +167,7 @@ class OpenAIChatBackend(ChatBackend):
                               else None)
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
-        self._shared: asyncio.Semaphore | None = None
+        self._endpoint_bound: asyncio.Semaphore | None = None
         self._pid: int | None = None
         self.posts = 0
         """HTTP requests this backend has sent in this process (retries included)."""
@@ -238,10 +238,10 @@ class OpenAIChatBackend(ChatBackend):
                                                                          10.0)),
                 limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
             self._semaphore = asyncio.Semaphore(limit)
-            self._shared = None
+            self._endpoint_bound = None
             if self.config.endpoint_max_concurrency is not None:
                 key = (os.getpid(), self.name, self.config.base_url)
-                self._shared = _ENDPOINT_BOUNDS.setdefault(
+                self._endpoint_bound = _ENDPOINT_BOUNDS.setdefault(
                     key, asyncio.Semaphore(self.config.endpoint_max_concurrency))
             self._pid = os.getpid()
 
@@ -256,7 +256,7 @@ class OpenAIChatBackend(ChatBackend):
         for attempt in range(self.config.max_retries + 1):
             attempts = attempt + 1
             wait: float | None = None
-            async with self._shared or _NO_BOUND, self._semaphore:
+            async with self._endpoint_bound or _NO_BOUND, self._semaphore:
                 # the lease's token exists before it is taken, so that a batch cancelled
                 # while the slot is being taken still gives the slot back
                 lease = new_lease_token() if self._fleet is not None else None
