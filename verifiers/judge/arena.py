@@ -38,7 +38,7 @@ from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, c
                                        check_template, parse_pairwise, parse_with_pattern,
                                        reference_text, render)
 from verifiers.judge.games import Verdict
-from verifiers.judge.ratings import SCORE_DIGITS, SCORINGS, average_ranks, spearman
+from verifiers.judge.ratings import SCORINGS, average_ranks, rank_key, spearman
 from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
                                         TournamentResult, default_options, run_tournament,
                                         scheme_options)
@@ -214,11 +214,10 @@ def _sampled(seed: int, fraction: float) -> bool:
 
 def _ranks(scores: Sequence[float]) -> list[float]:
     """Each score's rank scaled to [0, 1] (1 = best), ties sharing their mean rank (scores
-    equal to :data:`SCORE_DIGITS` decimals are ties)."""
+    equal to :data:`~verifiers.judge.ratings.SCORE_DIGITS` decimals are ties)."""
     if len(scores) == 1:
         return [1.0]
-    rounded = [round(float(s), SCORE_DIGITS) for s in scores]
-    return [rank / (len(scores) - 1) for rank in average_ranks(rounded)]
+    return [rank / (len(scores) - 1) for rank in average_ranks([rank_key(s) for s in scores])]
 
 
 def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge,
@@ -245,7 +244,7 @@ def _outcomes(samples: Sequence[Sample], result: TournamentResult, judge: _Judge
     outcomes = []
     for i in range(n):
         detail = {**shared, "judge": {**usage, "share_index": i},
-                  "score": round(float(result.scores[i]), 9), **games[i]}
+                  "score": rank_key(result.scores[i]), **games[i]}
         if i not in rank_of:
             failures = judge.failures.get(i) or []
             if failures:

@@ -110,7 +110,7 @@ def resolve_backend(override: BackendOverride | None,
     if raw.get("kind") == "transformers" and choice.model is not None:
         check_model_path(choice.model, env)  # a request may not load any directory
     if choice.base_url is not None:
-        if env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() not in ("1", "true", "yes"):
+        if not request_urls_allowed(env):
             raise JudgeConfigError("a request may not name a judge base_url unless the "
                                    "service sets REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; pick a "
                                    "configured backend by name instead")
@@ -196,12 +196,17 @@ def check_model_path(path: str, environ: Mapping[str, str] | None = None) -> str
     return str(real)
 
 
+def request_urls_allowed(env: Mapping[str, str]) -> bool:
+    """REWARDD_JUDGE_ALLOW_REQUEST_URLS is on: requests may name endpoints of their own."""
+    return env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() in ("1", "true", "yes")
+
+
 def check_endpoint(url: str, environ: Mapping[str, str] | None = None) -> None:
     """Allow a request's model endpoint only if it is one of ``REWARDD_MODEL_ENDPOINTS``
     (base URLs separated by ``,``) or REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; else
     :class:`JudgeConfigError` (a URL from a request is an SSRF on shared infrastructure)."""
     env = os.environ if environ is None else environ
-    if env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() in ("1", "true", "yes"):
+    if request_urls_allowed(env):
         return
     allowed = {u.strip().rstrip("/") for u in env.get("REWARDD_MODEL_ENDPOINTS", "").split(",")
                if u.strip()}

@@ -40,6 +40,13 @@ return 1
 """
 
 
+def check_redis_url(url: str, what: str) -> None:
+    """ValueError unless ``url`` is a Redis URL (checked when a backend is built, so that a
+    typo is a configuration error rather than a silent fallback at the first request)."""
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"{what} {url!r} must start with redis://, rediss:// or unix://")
+
+
 def state_url(environ: dict[str, str] | None = None) -> str | None:
     """Where fleet slots live: REWARDD_JUDGE_STATE_URL, else the service's state Redis
     (REWARDD_STATE_URL), else the broker (REWARDD_BROKER_URL)."""
@@ -56,9 +63,7 @@ class FleetSlots:
     def __init__(self, url: str, key: str, limit: int, lease_s: float) -> None:
         if limit < 1:
             raise ValueError(f"fleet_max_concurrency must be at least 1, not {limit}")
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"the fleet bound's Redis URL {url!r} must start with redis://, "
-                             "rediss:// or unix://")
+        check_redis_url(url, "the fleet bound's Redis URL")
         self.url, self.key, self.limit = url, key, limit
         self.lease_s = lease_s + LEASE_MARGIN_S
         self._client: Any = None

@@ -20,8 +20,8 @@ import os
 import random
 import threading
 from collections import OrderedDict
-from dataclasses import replace
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Annotated, Any, Coroutine, Sequence
 
 from pydantic import ConfigDict, Field

@@ -31,6 +31,11 @@ SCORE_DIGITS = 9
 apart get fitted scores that differ only in their last bits, and must share a rank."""
 
 
+def rank_key(score: float) -> float:
+    """``score`` as it is compared for ranking (to :data:`SCORE_DIGITS` decimals)."""
+    return round(float(score), SCORE_DIGITS)
+
+
 def _decided(matches: Iterable[Match]) -> list[tuple[int, int, Verdict]]:
     return [(m.a, m.b, m.verdict) for m in matches if m.verdict is not None]
 

@@ -18,11 +18,11 @@ import logging
 import os
 import threading
 from typing import Any, Iterable, Mapping
-from urllib.parse import urlsplit
 
 import orjson
 
 from verifiers.judge.backend import ChatReply
+from verifiers.judge.fleet import check_redis_url
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,7 @@ class SharedReplyCache:
     """get/put of many replies at once, one Redis round trip each."""
 
     def __init__(self, url: str, ttl_s: float = DEFAULT_TTL_S) -> None:
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"the judge reply cache URL {url!r} must start with redis://, "
-                             "rediss:// or unix://")
+        check_redis_url(url, "the judge reply cache URL")
         if not ttl_s > 0:
             raise ValueError(f"the judge reply cache TTL must be positive, not {ttl_s}")
         self.url, self.ttl_ms = url, int(ttl_s * 1000)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from verifiers.judge.games import JudgeRound, Match, merge_orders
-from verifiers.judge.ratings import SCORE_DIGITS, SCORINGS, average_ranks
+from verifiers.judge.ratings import SCORINGS, average_ranks, rank_key
 
 DEFAULT_SCHEME = "swiss"
 DEFAULT_OPTIONS: dict[str, Any] = {"scoring": "bt", "swap": False, "calls": 60}
@@ -221,15 +221,13 @@ def single_elimination(arena: _Arena, n: int, *, seeding: str = "random") -> lis
                 else:
                     winner = max(x, y, key=lambda i: (current[i], -seed_of[i]))
                     # equal scores: only the seed chose, and a coin earns no rank
-                    earned = (round(float(current[x]), SCORE_DIGITS)
-                              != round(float(current[y]), SCORE_DIGITS))
+                    earned = rank_key(current[x]) != rank_key(current[y])
             advanced[winner] += earned
             alive.append(winner)
     if all(m.verdict is None for m in arena.matches):
         return [0.5] * n
     final = arena.scores()
-    ranks = average_ranks([(advanced[i], round(float(final[i]), SCORE_DIGITS))
-                           for i in range(n)])
+    ranks = average_ranks([(advanced[i], rank_key(final[i])) for i in range(n)])
     return [r / (n - 1) for r in ranks]
 
 
