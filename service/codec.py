@@ -17,8 +17,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from service.gcpause import gc_paused
-from service.validation import RequestInvalid, pydantic_errors
+from rewardd.service.gcpause import gc_paused
+from rewardd.service.validation import RequestInvalid, pydantic_errors
 
 MSGPACK = "application/msgpack"
 MSGPACK_TYPES = {MSGPACK, "application/x-msgpack"}

@@ -6,10 +6,10 @@ from typing import Sequence
 
 import torch
 
-from service.advantages import AdvantageBatch
-from service.runstate import RunScope
-from service.table import Column, Combined, FlatBatch, component_matrix
-from service.validation import resolved_num_tokens
+from rewardd.advantages import AdvantageBatch
+from rewardd.service.runstate import RunScope
+from rewardd.service.table import Column, Combined, FlatBatch, component_matrix
+from rewardd.service.validation import resolved_num_tokens
 
 
 def _per_token(flat: FlatBatch, field: str, num_tokens: list[int], fill: float,

@@ -22,7 +22,7 @@ import contextlib
 import uuid
 from typing import Any, AsyncIterator
 
-from service.tenancy import Tenant
+from rewardd.service.tenancy import Tenant
 
 LEASE_S = 30.0
 """How long a slot outlives the last renewal (a dead pod's slots free themselves then)."""

@@ -27,9 +27,12 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+# recorded by the Celery executor; defined below the service, exposed here with the rest
+from rewardd.workers.metrics import (LATENCY_BUCKETS, TASK_DURATION, TASK_RETRIES,  # noqa: F401
+                                     TASKS)
+
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
 
 HTTP_REQUESTS = Counter("rewardd_http_requests_total", "HTTP requests by route and status.",
                         ["route", "method", "status"])
@@ -59,22 +62,6 @@ BATCH_ADVANTAGE_STD = Gauge("rewardd_batch_advantage_std",
 BATCH_ZERO_ADVANTAGE = Histogram("rewardd_batch_zero_advantage_fraction",
                                  "Per batch: fraction of rollouts with zero advantage.",
                                  buckets=(0, .1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
-
-# ---- distributed execution: recorded by workers.distributed.CeleryExecutor in the API ----
-TASK_DURATION = Histogram("rewardd_task_duration_seconds",
-                          "Celery tasks (one group through one verifier): from publishing to "
-                          "the API reading the stored result (queueing, transit, the checks).",
-                          ["queue", "verifier"], buckets=LATENCY_BUCKETS)
-TASK_RETRIES = Counter("rewardd_task_retries_total",
-                       "Celery tasks run again: reason=replay, a group task that failed as a "
-                       "whole and was replayed one sample per task (counted once per task); "
-                       "reason=worker_lost, redeliveries after a worker process or machine died.",
-                       ["queue", "reason"])
-TASKS = Counter("rewardd_tasks_total",
-                "Celery tasks settled, by state: success, failure (the task raised: time "
-                "limit, worker lost past the budget), expired (no result by the deadline, or "
-                "expired in its queue), unavailable (broker or backend unreachable, executor "
-                "closed).", ["queue", "state"])
 
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 """States ``rewardd_jobs`` always reports (0 when none); others the counter returns are added."""

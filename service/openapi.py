@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, VerifyRequest
+from rewardd.service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, VerifyRequest
 
 BODY_MODELS = (ScoreRequest, RewardsRequest, AdvantagesRequest, VerifyRequest)
 
@@ -25,12 +25,3 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         schemas.setdefault(name, schema)
     app.openapi_schema = doc
     return doc
-
-
-def render_document() -> str:
-    """The document as committed in ``openapi/openapi.json`` (stable key order, final newline)."""
-    import json
-
-    from service.app import create_app
-
-    return json.dumps(create_app().openapi(), indent=2, sort_keys=True) + "\n"

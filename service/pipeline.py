@@ -10,17 +10,17 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from service import metrics
-from service.gcpause import gc_paused
-from service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
+from rewardd.service import metrics
+from rewardd.service.gcpause import gc_paused
+from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
                             ScoreRequest)
-from service.respond import respond
-from service.runstate import RunStore
-from service.settings import Settings
-from service.table import Column, FlatBatch, combine, precomputed_columns, verifier_columns
-from service.validation import resolved_num_tokens, validate_advantages, validate_score
-from verifiers.base import Outcome, Sample
-from workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
+from rewardd.service.respond import respond
+from rewardd.service.runstate import RunStore
+from rewardd.service.settings import Settings
+from rewardd.service.table import Column, FlatBatch, combine, precomputed_columns, verifier_columns
+from rewardd.service.validation import resolved_num_tokens, validate_advantages, validate_score
+from rewardd.verifiers.base import Outcome, Sample
+from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
                               VerifyCall, keeps_group_whole)
 
 GroupCallback = Callable[[int, list[CallResult]], None]
@@ -75,7 +75,7 @@ class BatchContext:
 def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
                   num_specs: int) -> list[Outcome]:
     """The outcomes of :func:`plan`'s calls, rollout-major (rollout 0's components first),
-    the order :func:`~service.table.verifier_columns` reads."""
+    the order :func:`~rewardd.service.table.verifier_columns` reads."""
     outcomes: list[Outcome] = []
     for start in range(0, len(calls), max(num_specs, 1)):  # no specs: no calls
         group = results[start:start + num_specs]

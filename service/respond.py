@@ -11,14 +11,14 @@ from typing import Any, Sequence
 
 import torch
 
-from service import advantages as adv
-from service import metrics
-from service.advantages.encode import NotConstant, encode, encode_tokens
-from service.inputs import build_batch
-from service.models import AdvantageSpec, Profile
-from service.runstate import RunStore
-from service.table import Column, Combined, FlatBatch
-from service.validation import RequestInvalid, error, resolved_num_tokens
+from rewardd import advantages as adv
+from rewardd.service import metrics
+from rewardd.advantages.encode import NotConstant, encode, encode_tokens
+from rewardd.service.inputs import build_batch
+from rewardd.service.models import AdvantageSpec, Profile
+from rewardd.service.runstate import RunStore
+from rewardd.service.table import Column, Combined, FlatBatch
+from rewardd.service.validation import RequestInvalid, error, resolved_num_tokens
 
 
 def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Sequence[Column],

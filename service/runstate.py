@@ -48,7 +48,7 @@ class RunStore(abc.ABC):
 
 class TenantRuns(RunStore):
     """One tenant's view of a store: its run ids live in a namespace of their own. Run ids
-    are :data:`~service.models.Name` strings (no ``/``), so ``tenant/run`` cannot collide."""
+    are :data:`~rewardd.service.models.Name` strings (no ``/``), so ``tenant/run`` cannot collide."""
 
     def __init__(self, store: RunStore, tenant: str) -> None:
         self.store = store

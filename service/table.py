@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from service.models import Group, RewardSpec, Rollout
-from verifiers.base import FailureKind, Outcome
+from rewardd.service.models import Group, RewardSpec, Rollout
+from rewardd.verifiers.base import FailureKind, Outcome
 
 
 @dataclass(slots=True)

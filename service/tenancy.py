@@ -26,8 +26,8 @@ from typing import Any, Mapping
 import orjson
 from fastapi import HTTPException, Request
 
-from service.models import ErrorResponse
-from service.settings import Settings
+from rewardd.service.models import ErrorResponse
+from rewardd.service.settings import Settings
 
 DEFAULT_TENANT = "default"
 

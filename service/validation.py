@@ -13,13 +13,13 @@ from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
-from service.advantages import ENTRIES, get_entry, pins_for
-from service.errors import Loc, RequestInvalid, error
-from service.advantages.registry import Kind
-from service.models import (AdvantageSpec, AdvantagesRequest, Group, RewardSpec, RewardsRequest,
+from rewardd.advantages import ENTRIES, get_entry, pins_for
+from rewardd.advantages.errors import Loc, RequestInvalid, error
+from rewardd.advantages.registry import Kind
+from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, Group, RewardSpec, RewardsRequest,
                             Rollout, ScoreRequest)
-from service.settings import Settings
-from verifiers import get_verifier
+from rewardd.service.settings import Settings
+from rewardd.verifiers import get_verifier
 
 MAX_TOKENS_PER_REQUEST = 1 << 27
 """Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""

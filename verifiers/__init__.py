@@ -6,14 +6,14 @@ The registry below is the single list of verifier kinds; the service lists it at
 
 from __future__ import annotations
 
-from verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
+from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams, run_verifier)
-from verifiers.code import CodeVerifier
-from verifiers.judge.arena import ArenaVerifier
-from verifiers.judge.reward_model import RewardModelVerifier
-from verifiers.judge.rubric import RubricVerifier
-from verifiers.math import MathVerifier
-from verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
+from rewardd.verifiers.code import CodeVerifier
+from rewardd.verifiers.judge.arena import ArenaVerifier
+from rewardd.verifiers.judge.reward_model import RewardModelVerifier
+from rewardd.verifiers.judge.rubric import RubricVerifier
+from rewardd.verifiers.math import MathVerifier
+from rewardd.verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
 
 REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),

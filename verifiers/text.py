@@ -11,7 +11,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from verifiers.base import (REWARD_BOUND, InvalidReference, Outcome, RewardValue, Sample,
+from rewardd.verifiers.base import (REWARD_BOUND, InvalidReference, Outcome, RewardValue, Sample,
                             Verifier, VerifierParams)
 
 _WS = re.compile(r"\s+")

@@ -1,14 +1,14 @@
 """Executors: where verifier calls run.
 
-* :class:`workers.embedded.EmbeddedExecutor` (default): a local pool of killable processes.
-* :class:`workers.distributed.CeleryExecutor` (``REWARDD_BROKER_URL`` set): Celery queues
-  on Redis, served by ``rewardd worker`` processes (:mod:`workers.celery_app`), with queues
-  per kind of verifier (:mod:`workers.routing`).
+* :class:`rewardd.workers.embedded.EmbeddedExecutor` (default): a local pool of killable processes.
+* :class:`rewardd.workers.distributed.CeleryExecutor` (``REWARDD_BROKER_URL`` set): Celery queues
+  on Redis, served by ``rewardd worker`` processes (:mod:`rewardd.workers.celery_app`), with queues
+  per kind of verifier (:mod:`rewardd.workers.routing`).
 
-Both run the same task functions (:mod:`workers.tasks`) under the same limits and map every
+Both run the same task functions (:mod:`rewardd.workers.tasks`) under the same limits and map every
 failure to the same typed outcomes.
 """
 
-from workers.executor import CallResult, Executor, ItemResult, VerifyCall
+from rewardd.workers.executor import CallResult, Executor, ItemResult, VerifyCall
 
 __all__ = ["CallResult", "Executor", "ItemResult", "VerifyCall"]

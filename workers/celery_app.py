@@ -1,9 +1,9 @@
 """The Celery application of distributed rewardd: configuration, tasks and time limits.
 
-Used when ``REWARDD_BROKER_URL`` is set: the API (:class:`workers.distributed.CeleryExecutor`)
+Used when ``REWARDD_BROKER_URL`` is set: the API (:class:`rewardd.workers.distributed.CeleryExecutor`)
 publishes verifier calls (a group through one reward component each) as tasks to a queue
-chosen by :mod:`workers.routing` (big groups split, small ones packed several to a task:
-:mod:`workers.packing`), and ``rewardd worker`` processes run them. Without a broker nothing
+chosen by :mod:`rewardd.workers.routing` (big groups split, small ones packed several to a task:
+:mod:`rewardd.workers.packing`), and ``rewardd worker`` processes run them. Without a broker nothing
 here is imported and the embedded executor runs the same calls in a local process pool.
 
 Task discipline, and why:
@@ -24,9 +24,9 @@ Task discipline, and why:
   ``retry_on_worker_lost`` is not used: it stores RETRY after publishing the retry, which can
   overwrite the retry's result when another worker is quick.)
 * **Explicit time limits.** Each sample has its own soft deadline inside the task (SIGALRM,
-  :mod:`workers.deadline`; prefork children run tasks in their main thread, so it arms). The
+  :mod:`rewardd.workers.deadline`; prefork children run tasks in their main thread, so it arms). The
   task as a whole gets Celery's soft limit at the call's hard limit
-  (:meth:`~workers.executor.VerifyCall.hard_limit_s`) and is killed
+  (:meth:`~rewardd.workers.executor.VerifyCall.hard_limit_s`) and is killed
   :data:`KILL_GRACE_S` later; a timed-out task is acknowledged, never redelivered: it would
   time out again.
 * **Visibility timeout longer than any task.** Otherwise the broker would hand a call that is
@@ -58,12 +58,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import inspect_command
 from kombu import Exchange, Queue
 
-from service.settings import Settings
-from workers.deadline import can_arm
-from workers.executor import VerifyCall, hard_limit_for
-from workers.packing import Pack
-from workers.routing import DEFAULT_QUEUE, Router
-from workers.tasks import ping_task, verify_groups_task
+from rewardd.workers.settings import WorkerSettings
+from rewardd.workers.deadline import can_arm
+from rewardd.workers.executor import VerifyCall, hard_limit_for
+from rewardd.workers.packing import Pack
+from rewardd.workers.routing import DEFAULT_QUEUE, Router
+from rewardd.workers.tasks import ping_task, verify_groups_task
 
 VERIFY_TASK = "rewardd.verify_groups"
 """Named for its arguments: a worker of a release that took one group per task rejects these
@@ -100,7 +100,7 @@ def longest_task_s(samples: int, timeout_s: float) -> float:
     return hard_limit_for(samples, timeout_s) + KILL_GRACE_S + VISIBILITY_MARGIN_S
 
 
-def max_samples_per_task(timeout_s: float, settings: Settings) -> int:
+def max_samples_per_task(timeout_s: float, settings: WorkerSettings) -> int:
     """How many samples at ``timeout_s`` one task may carry: at most ``task_max_samples``,
     and few enough that the task ends before the visibility timeout (never below one; the
     settings check guarantees one sample fits)."""
@@ -113,7 +113,7 @@ def max_samples_per_task(timeout_s: float, settings: Settings) -> int:
 MIN_GROUP_TIMEOUT_S = 0.1
 
 
-def group_timeout_s(samples: int, timeout_s: float, settings: Settings) -> float:
+def group_timeout_s(samples: int, timeout_s: float, settings: WorkerSettings) -> float:
     """The per-sample timeout of a group-level call (one task, never split: an arena or a
     rubric judges the group as a whole), lowered where need be so that the task ends before
     the broker's visibility timeout. Past it the broker would hand the message to a second
@@ -125,7 +125,7 @@ def group_timeout_s(samples: int, timeout_s: float, settings: Settings) -> float
     return max(spare / max(samples, 1), MIN_GROUP_TIMEOUT_S)
 
 
-def check_settings(settings: Settings) -> None:
+def check_settings(settings: WorkerSettings) -> None:
     """Refuse a configuration in which one sample at the largest allowed timeout could still
     be running when the broker redelivers its message."""
     if not settings.broker_url:
@@ -145,7 +145,7 @@ class PollingRedisBackend(RedisBackend):
     ``AsyncResult.get()`` can be woken by pub/sub; the subscriptions pile up until each result
     is fetched that way (and, with the backend down, publishing waits for the subscribe's
     reconnect retries). The executor reads results by polling their keys instead
-    (:mod:`workers.distributed`), so it needs none of that. Selected with Celery's
+    (:mod:`rewardd.workers.distributed`), so it needs none of that. Selected with Celery's
     ``module:Class+redis://...`` backend URL form.
     """
 
@@ -153,7 +153,7 @@ class PollingRedisBackend(RedisBackend):
         pass
 
 
-def backend_url(settings: Settings) -> str:
+def backend_url(settings: WorkerSettings) -> str:
     """The result backend URL Celery gets: REWARDD_RESULT_BACKEND (or the broker), read and
     written with :class:`PollingRedisBackend`."""
     url = settings.result_backend_url or ""
@@ -188,10 +188,10 @@ def _restore_interval(visibility_timeout_s: float) -> int:
 
 def verify_groups(verifier: str, groups: Sequence[Any], params: Mapping[str, Any],
                   timeout_s: float) -> list[dict[str, Any]]:
-    """Celery task body: :func:`workers.tasks.verify_groups_task`, unchanged.
+    """Celery task body: :func:`rewardd.workers.tasks.verify_groups_task`, unchanged.
 
     One guard only: Celery's soft time limit raises SoftTimeLimitExceeded, an Exception, so
-    :func:`verifiers.base.run_verifier` would turn it into an ``error`` cell of whichever
+    :func:`rewardd.verifiers.base.run_verifier` would turn it into an ``error`` cell of whichever
     sample was running. The task then fails as a whole instead (the executor replays the
     group sample by sample, and a single sample becomes ``timeout``), as a kill at the hard
     limit does in the embedded pool.
@@ -270,7 +270,7 @@ def rewardd_census(state: Any) -> dict[str, Any]:
     return {"queues": queues, "slots": getattr(consumer.pool, "limit", None)}
 
 
-def create_celery(settings: Settings) -> Celery:
+def create_celery(settings: WorkerSettings) -> Celery:
     """The Celery app for ``settings`` (API and workers build it the same way, so both must
     see the same REWARDD_* broker, backend, TTL and visibility settings)."""
     check_settings(settings)
@@ -331,7 +331,7 @@ def create_celery(settings: Settings) -> Celery:
     # resultrepr_maxsize: Celery logs a repr of every result; a whole group's outcomes cost
     # about 0.4 ms per task to render for a log line nobody reads at info level.
     @app.task(name=VERIFY_TASK, bind=True, shared=False, autoretry_for=(), max_retries=0,
-              Request="workers.celery_app:RewarddRequest", resultrepr_maxsize=64)
+              Request="rewardd.workers.celery_app:RewarddRequest", resultrepr_maxsize=64)
     def verify(task: Any, verifier: str, groups: Sequence[Any], params: Mapping[str, Any],
                timeout_s: float) -> list[dict[str, Any]]:
         guard_redelivery(task, retries, ttl_s)
@@ -353,7 +353,7 @@ def parse_exitcode(message: str) -> int | None:
 
 # ---- the worker process ---------------------------------------------------------------------
 
-def run_worker(settings: Settings) -> None:
+def run_worker(settings: WorkerSettings) -> None:
     """``rewardd worker``: import plugins, warm the verifiers this worker's queues need, then
     run Celery's prefork worker (does not return).
 
@@ -365,7 +365,7 @@ def run_worker(settings: Settings) -> None:
     import importlib
     import socket
 
-    from verifiers import REGISTRY
+    from rewardd.verifiers import REGISTRY
 
     app = create_celery(settings)  # validates the settings first
     router = Router.from_text(settings.queue_routes)
@@ -377,7 +377,7 @@ def run_worker(settings: Settings) -> None:
             verifier.warm_up()
     # prefork: tasks run in each child's main thread, so SIGALRM soft deadlines arm; the
     # subclass reaps dead children promptly (see _prefork_pool_class)
-    app.conf.worker_pool = "workers.celery_app:PreforkPool"
+    app.conf.worker_pool = "rewardd.workers.celery_app:PreforkPool"
     app.worker_main([
         "worker",
         "--pool=prefork",  # the configured subclass, see above

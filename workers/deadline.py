@@ -30,7 +30,7 @@ class CheckTimeout(BaseException):
     """Raised into a check that ran past its soft deadline.
 
     A BaseException, like KeyboardInterrupt, so ``except Exception`` in verifier code (and in
-    :func:`verifiers.base.run_verifier`) lets it through.
+    :func:`rewardd.verifiers.base.run_verifier`) lets it through.
     """
 
 

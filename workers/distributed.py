@@ -1,12 +1,12 @@
 """The Celery executor: verifier calls on ``rewardd worker`` processes, through Redis.
 
-Same contract as :class:`workers.embedded.EmbeddedExecutor`: results in the order of the
+Same contract as :class:`rewardd.workers.embedded.EmbeddedExecutor`: results in the order of the
 calls, every failure a typed outcome, and a task that fails as a whole replayed one sample
 per task so that only the culprit fails. A call (a group's samples through one verifier) is
 one task, several tasks when it is too big for one, or shares a task with other small
 groups when the batch has far more groups than the workers have slots
-(:mod:`workers.packing`: a task's fixed cost is several milliseconds of CPU). The delivery
-guarantees are the Celery app's (:mod:`workers.celery_app`).
+(:mod:`rewardd.workers.packing`: a task's fixed cost is several milliseconds of CPU). The delivery
+guarantees are the Celery app's (:mod:`rewardd.workers.celery_app`).
 
 How results are awaited without blocking the event loop: one poller coroutine per executor
 asks Redis for every pending result key with a single MGET per tick, in a thread of its own
@@ -41,17 +41,17 @@ from celery import states
 from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
-from service import metrics
-from service.settings import Settings
-from verifiers.base import FailureKind, Outcome
-from workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned,
+from rewardd.workers import metrics
+from rewardd.workers.settings import WorkerSettings
+from rewardd.verifiers.base import FailureKind, Outcome
+from rewardd.workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned,
                                 create_celery, deliveries_key, group_timeout_s,
                                 max_samples_per_task, parse_exitcode, redact_url,
                                 task_time_limits)
-from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole)
-from workers.packing import Pack, pack_target, plan
-from workers.routing import DEFAULT_QUEUE, Router
+from rewardd.workers.packing import Pack, pack_target, plan
+from rewardd.workers.routing import DEFAULT_QUEUE, Router
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class CeleryExecutor(Executor):
 
     * each sample's check has ``call.timeout_s`` (the soft deadline inside the worker);
     * the task has Celery's soft limit at the call's hard limit and is killed shortly after
-      (:func:`workers.celery_app.task_time_limits`): a one-sample call becomes ``timeout``;
+      (:func:`rewardd.workers.celery_app.task_time_limits`): a one-sample call becomes ``timeout``;
     * a worker child that dies under a task gets it redelivered up to
       ``worker_lost_retries`` times; then a one-sample call is ``crashed``;
     * a call of several samples whose task failed as a whole (time limit, worker lost past
@@ -157,16 +157,16 @@ class CeleryExecutor(Executor):
     * broker or backend down, a call that expired in its queue
       (``queue_timeout_s``) or no result by its deadline: ``unavailable``, not replayed.
 
-    A group larger than :func:`~workers.celery_app.max_samples_per_task` is sent as several
+    A group larger than :func:`~rewardd.workers.celery_app.max_samples_per_task` is sent as several
     tasks, so no task outlives the broker's visibility timeout, and small groups of one
     verifier share tasks when the batch would otherwise be many tasks per worker slot
-    (:mod:`workers.packing`); each task is replayed on its own and its items go back to
+    (:mod:`rewardd.workers.packing`); each task is replayed on its own and its items go back to
     their calls in order.
     """
 
     kind = "celery"
 
-    def __init__(self, settings: Settings, app: Any = None) -> None:
+    def __init__(self, settings: WorkerSettings, app: Any = None) -> None:
         self.settings = settings
         self.app = app or create_celery(settings)
         self.router = Router.from_text(settings.queue_routes)
@@ -267,8 +267,8 @@ class CeleryExecutor(Executor):
                 for call_items, was_replayed in zip(items, replayed)]
 
     def _plan(self, calls: Sequence[VerifyCall]) -> list[Pack]:
-        """The tasks of a batch (:func:`workers.packing.plan`): each verifier's samples
-        packed to about :data:`~workers.packing.TASKS_PER_SLOT` tasks per worker slot of its
+        """The tasks of a batch (:func:`rewardd.workers.packing.plan`): each verifier's samples
+        packed to about :data:`~rewardd.workers.packing.TASKS_PER_SLOT` tasks per worker slot of its
         queue, from the last worker census (no packing before the first one)."""
         self._census_soon()
         slots = self.slots_by_queue()
@@ -603,7 +603,7 @@ class CeleryExecutor(Executor):
 
     def _take_census(self) -> None:
         """In an I/O thread: which workers answer a broadcast, the queues each consumes and
-        its pool size (:func:`workers.celery_app.rewardd_census`), summed per queue."""
+        its pool size (:func:`rewardd.workers.celery_app.rewardd_census`), summed per queue."""
         try:
             replies = []
             for _ in range(2):  # a broadcast right after another sometimes hears nothing
@@ -628,7 +628,7 @@ class CeleryExecutor(Executor):
                             "slots_by_queue": slots}
         self._census_at = time.monotonic()
 
-    # ---- scrape-time metrics (service.metrics.ScrapeCollector, in the scrape's thread) ----
+    # ---- scrape-time metrics (rewardd.service.metrics.ScrapeCollector, in the scrape's thread) ----
 
     def workers_by_queue(self) -> dict[str, int] | None:
         """Workers consuming each queue (every routed queue, 0 when none), from the last

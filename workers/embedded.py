@@ -8,7 +8,7 @@ Workers start from a forkserver that has already imported the verifiers, so a re
 after a kill costs a fork, not a fresh interpreter plus a sympy import, and forking never
 copies the API server's threads.
 
-A task is a whole group (:func:`workers.tasks.verify_group_task`), so the IPC round trip and
+A task is a whole group (:func:`rewardd.workers.tasks.verify_group_task`), so the IPC round trip and
 the parsing of the group's reference are paid once per group; each sample still has its own
 limit, enforced in the worker by a soft deadline and backed by the task's hard limit.
 """
@@ -24,10 +24,10 @@ from typing import Any, Sequence
 import pebble
 from pebble.common import ProcessExpired
 
-from verifiers.base import FailureKind, Outcome
-from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+from rewardd.verifiers.base import FailureKind, Outcome
+from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole)
-from workers.tasks import init_worker, ping_task, verify_group_task
+from rewardd.workers.tasks import init_worker, ping_task, verify_group_task
 
 
 def _context(plugins: Sequence[str]) -> Any:
@@ -37,7 +37,7 @@ def _context(plugins: Sequence[str]) -> Any:
     every executor of one process must name the same plugins.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["workers.tasks", *plugins, "workers.warm"])
+    ctx.set_forkserver_preload(["rewardd.workers.tasks", *plugins, "rewardd.workers.warm"])
     return ctx
 
 
@@ -45,8 +45,8 @@ class EmbeddedExecutor(Executor):
     """A pebble ProcessPool of ``pool_size`` workers; one task per call (one group).
 
     Limits: inside the task each sample's check has a soft deadline of ``call.timeout_s``
-    (:mod:`workers.deadline`); the task as a whole has the hard limit
-    :meth:`~workers.executor.VerifyCall.hard_limit_s`, after which pebble kills its worker.
+    (:mod:`rewardd.workers.deadline`); the task as a whole has the hard limit
+    :meth:`~rewardd.workers.executor.VerifyCall.hard_limit_s`, after which pebble kills its worker.
 
     Replay rule: when a call of several samples is killed at its hard limit, its worker dies,
     or its task fails as a whole (a result that will not pickle), nobody knows which sample

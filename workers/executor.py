@@ -4,7 +4,7 @@ The service turns a request into a list of :class:`VerifyCall` (one per group an
 component) and awaits a list of :class:`CallResult` in the same order, each with one
 :class:`ItemResult` per sample. Whether the calls run in local process pools or on
 Celery workers is the executor's business; every failure mode (timeout, crash, broken pool)
-comes back as a typed :class:`~verifiers.base.Outcome`, never as an exception or a 0.
+comes back as a typed :class:`~rewardd.verifiers.base.Outcome`, never as an exception or a 0.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import abc
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from verifiers import REGISTRY
-from verifiers.base import Outcome, Sample
+from rewardd.verifiers import REGISTRY
+from rewardd.verifiers.base import Outcome, Sample
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of checks (samples) that just finished, for progress bars."""
@@ -37,7 +37,7 @@ by the alarm's latency (microseconds to milliseconds), which adds up over a long
 
 def keeps_group_whole(verifier: str) -> bool:
     """True when ``verifier``'s calls must stay whole: never split across tasks, never
-    replayed one sample at a time (:attr:`verifiers.base.Verifier.group_level`)."""
+    replayed one sample at a time (:attr:`rewardd.verifiers.base.Verifier.group_level`)."""
     impl = REGISTRY.get(verifier)
     return impl is not None and impl.group_level
 
@@ -65,11 +65,11 @@ class VerifyCall:
     params: Mapping[str, Any]
     timeout_s: float
     context: Mapping[str, Any] | None = None
-    """The group's :class:`~verifiers.base.GroupContext` as plain data, for group-level
+    """The group's :class:`~rewardd.verifiers.base.GroupContext` as plain data, for group-level
     verifiers (None for the others: it would only add bytes to every task)."""
 
     def task_args(self) -> tuple[Any, ...]:
-        """Arguments of :func:`workers.tasks.verify_group_task`: names, dicts and floats."""
+        """Arguments of :func:`rewardd.workers.tasks.verify_group_task`: names, dicts and floats."""
         samples = [{"completion": s.completion, "prompt": s.prompt, "num_tokens": s.num_tokens}
                    for s in self.samples]
         return (self.verifier, samples, dict(self.reference), dict(self.params), self.timeout_s,
@@ -99,7 +99,7 @@ class ItemResult:
 
     @classmethod
     def from_task(cls, data: Mapping[str, Any]) -> ItemResult:
-        """From one entry of :func:`workers.tasks.verify_group_task`'s plain-data result."""
+        """From one entry of :func:`rewardd.workers.tasks.verify_group_task`'s plain-data result."""
         return cls(Outcome.from_dict(data["outcome"]), float(data["elapsed_s"]))
 
 
@@ -115,7 +115,7 @@ class CallResult:
 
 
 class Executor(abc.ABC):
-    """Runs verifier calls. Implementations: :class:`workers.embedded.EmbeddedExecutor`.
+    """Runs verifier calls. Implementations: :class:`rewardd.workers.embedded.EmbeddedExecutor`.
 
     Every implementation keeps the same limits: each sample's check has ``timeout_s`` (a soft
     deadline inside the worker), each call :meth:`VerifyCall.hard_limit_s` (the worker is

@@ -9,7 +9,7 @@ workers have slots, and splits a group that would not fit in one task.
 
 How many samples a pack holds comes from the batch and the fleet: enough that the batch
 becomes about :data:`TASKS_PER_SLOT` tasks per worker slot of its queue, never more than
-the task size bound (:func:`~workers.celery_app.max_samples_per_task`). With few groups or
+the task size bound (:func:`~rewardd.workers.celery_app.max_samples_per_task`). With few groups or
 many workers no packing happens (a group per task, as much parallelism as there are
 slots); with many groups on few slots the per-task cost is paid a few times per slot
 instead of once per group. Packing never changes results: each group is checked exactly as
@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from verifiers.base import Sample
-from workers.executor import VerifyCall, hard_limit_for, keeps_group_whole
+from rewardd.verifiers.base import Sample
+from rewardd.workers.executor import VerifyCall, hard_limit_for, keeps_group_whole
 
 TASKS_PER_SLOT = 4
 """Target tasks per worker slot of a queue when packing: the last task to finish holds at
@@ -68,7 +68,7 @@ class Pack:
         return self.parts[0].call.timeout_s
 
     def task_args(self) -> tuple[Any, ...]:
-        """Arguments of :func:`workers.tasks.verify_groups_task`."""
+        """Arguments of :func:`rewardd.workers.tasks.verify_groups_task`."""
         first = self.parts[0].call
         groups = [[[_sample_dict(s) for s in part.call.samples], dict(part.call.reference),
                    *([dict(part.call.context)] if part.call.context is not None else [])]

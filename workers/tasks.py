@@ -12,10 +12,10 @@ import signal
 import time
 from typing import Any, Mapping, Sequence
 
-from verifiers import REGISTRY, Sample, Verifier, get_verifier, run_verifier
-from verifiers.base import GroupContext, run_group_verifier
-from verifiers.base import FailureKind, Outcome
-from workers.deadline import CheckTimeout, SoftDeadline
+from rewardd.verifiers import REGISTRY, Sample, Verifier, get_verifier, run_verifier
+from rewardd.verifiers.base import GroupContext, run_group_verifier
+from rewardd.verifiers.base import FailureKind, Outcome
+from rewardd.workers.deadline import CheckTimeout, SoftDeadline
 
 
 def verify_group_task(verifier: str, samples: Sequence[Mapping[str, Any]],
@@ -40,7 +40,7 @@ def verify_groups_task(verifier: str, groups: Sequence[Sequence[Any]],
                        params: Mapping[str, Any], timeout_s: float) -> list[dict[str, Any]]:
     """:func:`verify_group_task` over several ``[samples, reference, context]`` groups of one
     verifier (context optional), one after the other, as one flat list of items: a Celery
-    task that carries a pack of small groups (:mod:`workers.packing`)."""
+    task that carries a pack of small groups (:mod:`rewardd.workers.packing`)."""
     return [item for group in groups
             for item in verify_group_task(verifier, group[0], group[1], params, timeout_s,
                                           group[2] if len(group) > 2 else None)]

@@ -4,6 +4,6 @@ multiprocessing's forkserver can only preload modules, so warming up is this mod
 import-time effect; it runs after the plugins are imported so their verifiers warm too.
 """
 
-from workers.tasks import warm_up
+from rewardd.workers.tasks import warm_up
 
 warm_up()

@@ -1,7 +1,7 @@
 """OpenAPI description of bodies the routes read themselves (JSON or msgpack).
 
-Routes read bodies with :func:`service.codec.read_model`, so FastAPI cannot infer their
-schemas; these helpers state them, and :mod:`service.openapi` adds the models to the
+Routes read bodies with :func:`rewardd.service.codec.read_model`, so FastAPI cannot infer their
+schemas; these helpers state them, and :mod:`rewardd.service.openapi` adds the models to the
 document's components.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.codec import JSON, MSGPACK
-from service.models import ErrorResponse
+from rewardd.service.codec import JSON, MSGPACK
+from rewardd.service.models import ErrorResponse
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:

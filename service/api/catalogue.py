@@ -9,11 +9,11 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from service.advantages import ENTRIES, PROFILES
-from service.advantages.registry import KINDS, Kind
-from service.models import EstimatorInfo, ParamInfo, VerifierInfo
-from service.tenancy import AUTH_RESPONSES, current_tenant
-from verifiers import REGISTRY
+from rewardd.advantages import ENTRIES, PROFILES
+from rewardd.advantages.registry import KINDS, Kind
+from rewardd.service.models import EstimatorInfo, ParamInfo, VerifierInfo
+from rewardd.service.tenancy import AUTH_RESPONSES, current_tenant
+from rewardd.verifiers import REGISTRY
 
 router = APIRouter(prefix="/v1", tags=["catalogue"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)

@@ -8,8 +8,8 @@ import dataclasses
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service import __version__, metrics
-from verifiers.code.sandbox import isolation
+from rewardd.service import __version__, metrics
+from rewardd.verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
 

@@ -56,14 +56,14 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
-from service.api.bodies import BUSY_RESPONSE, body, responses
-from service.codec import MSGPACK, read_model, render, wants_msgpack
-from service.errors import RequestInvalid, error
-from service.gcpause import gc_paused
-from service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
-from service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
-from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
-from service.validation import validate_score
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
+from rewardd.service.codec import MSGPACK, read_model, render, wants_msgpack
+from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.service.gcpause import gc_paused
+from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
+from rewardd.service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.validation import validate_score
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
-from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 
 router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)

@@ -6,11 +6,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from service import pipeline
-from service.api.bodies import BUSY_RESPONSE, body, responses
-from service.codec import read_model, render
-from service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, ScoreResponse
-from service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service import pipeline
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
+from rewardd.service.codec import read_model, render
+from rewardd.service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, ScoreResponse
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 
 router = APIRouter(prefix="/v1", tags=["scoring"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
-from service.api.bodies import body, responses
-from service.codec import read_model, render
-from service.models import VerifyRequest, VerifyResponse
-from service.pipeline import call_timeout, run_calls
-from service.validation import check_timeout, raise_if, validate_params
-from service.tenancy import AUTH_RESPONSES, current_tenant
-from verifiers import Sample, get_verifier
-from workers.executor import VerifyCall
+from rewardd.service.api.bodies import body, responses
+from rewardd.service.codec import read_model, render
+from rewardd.service.models import VerifyRequest, VerifyResponse
+from rewardd.service.pipeline import call_timeout, run_calls
+from rewardd.service.validation import check_timeout, raise_if, validate_params
+from rewardd.service.tenancy import AUTH_RESPONSES, current_tenant
+from rewardd.verifiers import Sample, get_verifier
+from rewardd.workers.executor import VerifyCall
 
 router = APIRouter(prefix="/v1", tags=["verifiers"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)

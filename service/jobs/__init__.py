@@ -1,8 +1,8 @@
-"""Background scoring jobs: ``POST /v1/jobs`` and friends (routes in :mod:`service.api.jobs`).
+"""Background scoring jobs: ``POST /v1/jobs`` and friends (routes in :mod:`rewardd.service.api.jobs`).
 
-* :mod:`service.jobs.store`: job records, requests, results and events, in memory (embedded
+* :mod:`rewardd.service.jobs.store`: job records, requests, results and events, in memory (embedded
   mode: lost when the API process restarts) or in Redis (shared by pods, durable).
-* :mod:`service.jobs.runner`: runs jobs, publishes progress and finished groups, holds the
+* :mod:`rewardd.service.jobs.runner`: runs jobs, publishes progress and finished groups, holds the
   tenant's slot and the job's lease, and resumes jobs whose pod died.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from service import metrics
-from service.jobs.runner import JobRunner
-from service.jobs.store import JobStore, MemoryJobStore, RedisJobStore
-from service.settings import Settings
+from rewardd.service import metrics
+from rewardd.service.jobs.runner import JobRunner
+from rewardd.service.jobs.store import JobStore, MemoryJobStore, RedisJobStore
+from rewardd.service.settings import Settings
 
 
 def make_store(settings: Settings, client: Any) -> JobStore:

@@ -1,12 +1,12 @@
 """Runs jobs in the API process, keeps their record current, and resumes orphans.
 
-One asyncio task per job runs :func:`service.pipeline.score` exactly as ``/v1/score`` does
+One asyncio task per job runs :func:`rewardd.service.pipeline.score` exactly as ``/v1/score`` does
 (same executor, same run state of the tenant), with two hooks:
 
 * ``progress`` counts finished checks; ``on_group`` hands over each group as soon as every
   reward component of it is settled, and the runner turns it into a ``group`` event (the
   group's per-rollout ``reward``, ``rewards``, ``status`` and ``excluded``, built with the
-  same :func:`service.table.combine` the final response uses, so they are equal to the
+  same :func:`rewardd.service.table.combine` the final response uses, so they are equal to the
   result's; advantages only come with the result, because estimators such as ``ha_dw`` or
   ``rloo`` over a batch need every group).
 * A watcher task writes progress and pending group events to the store at most every
@@ -22,7 +22,7 @@ its pebble tasks (queued ones dropped, running ones' workers replaced), the Cele
 drops its waiters and revokes the tasks (see ``workers/distributed.py``).
 
 Durability (Redis store only): the pod running a job holds its lease (``...:lease``,
-:data:`service.jobs.store.LEASE_S`, renewed every second). Every pod runs a sweeper
+:data:`rewardd.service.jobs.store.LEASE_S`, renewed every second). Every pod runs a sweeper
 (:meth:`JobRunner.start`, from the app's lifespan) that every :data:`SWEEP_EVERY_S` looks for
 active jobs without a lease (their pod died or stopped), claims each with one atomic script
 (``SET NX``: exactly one pod wins), re-acquires the tenant slot with ``force=True`` and runs
@@ -48,13 +48,13 @@ from typing import Any, Sequence
 
 import orjson
 
-from service import pipeline
-from service.errors import RequestInvalid
-from service.jobs.store import FAILED, SUCCEEDED, Job, JobStore, encode_event
-from service.models import RewardSpec, ScoreRequest
-from service.table import Column, FlatBatch, combine, precomputed_columns
-from service.tenancy import Tenant
-from workers.executor import CallResult
+from rewardd.service import pipeline
+from rewardd.advantages.errors import RequestInvalid
+from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore, encode_event
+from rewardd.service.models import RewardSpec, ScoreRequest
+from rewardd.service.table import Column, FlatBatch, combine, precomputed_columns
+from rewardd.service.tenancy import Tenant
+from rewardd.workers.executor import CallResult
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def group_payload(flat: FlatBatch, gi: int, start: int, specs: Sequence[RewardSp
                   ) -> dict[str, Any]:
     """A finished group's rewards, exactly as the final response will show them: the
     group's verifier columns plus its slice of the batch's precomputed columns, combined
-    by :func:`service.table.combine`."""
+    by :func:`rewardd.service.table.combine`."""
     group = flat.groups[gi]
     n = len(group.rollouts)
     columns = [Column(spec.name, spec.weight, spec.fallback,

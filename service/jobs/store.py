@@ -23,7 +23,7 @@ Two stores share the interface :class:`JobStore`:
   - ``...:result``: the ``/v1/score`` response as JSON bytes, exactly what the route sends;
   - ``...:events``: the job's event list (group and terminal events) for the SSE stream; an
     event's id is its position in the list (1-based), so ``Last-Event-ID`` resumes exactly;
-  - ``...:lease``: the pod running the job (see :mod:`service.jobs.runner`), with an expiry
+  - ``...:lease``: the pod running the job (see :mod:`rewardd.service.jobs.runner`), with an expiry
     the runner renews;
 
   and ``rewardd:job-idem:<tenant>:<sha256 of the key>`` -> job id, for ``Idempotency-Key``.

@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service import advantages as adv  # noqa: E402
-from service import pipeline  # noqa: E402
-from service.client import RewarddClient, _decode, _encode  # noqa: E402
-from service.gcpause import gc_paused  # noqa: E402
-from service.models import AdvantagesRequest  # noqa: E402
+from rewardd import advantages as adv  # noqa: E402
+from rewardd.service import pipeline  # noqa: E402
+from rewardd_client.client import RewarddClient, _decode, _encode  # noqa: E402
+from rewardd.service.gcpause import gc_paused  # noqa: E402
+from rewardd.service.models import AdvantagesRequest  # noqa: E402
 from tests.support.server import running_server  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Benchmark: how well each arena tournament ranks a group, and how many judge calls it costs.
 
 Simulated groups of N = 8 and 16 rollouts with known true quality q ~ Normal(0, 1), ranked
-by every scheme of :mod:`verifiers.judge.tournament` through a simulated judge; reported: the
+by every scheme of :mod:`rewardd.verifiers.judge.tournament` through a simulated judge; reported: the
 mean number of judge calls and the mean Spearman correlation of the scores with q.
 
 The judge model (fixed before the schemes were searched, and not moved after):
@@ -52,9 +52,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verifiers.judge.games import Match, Verdict  # noqa: E402
-from verifiers.judge.ratings import spearman  # noqa: E402
-from verifiers.judge.tournament import (DEFAULT_SCHEME, default_options,  # noqa: E402
+from rewardd.verifiers.judge.games import Match, Verdict  # noqa: E402
+from rewardd.verifiers.judge.ratings import spearman  # noqa: E402
+from rewardd.verifiers.judge.tournament import (DEFAULT_SCHEME, default_options,  # noqa: E402
                                         run_tournament)
 
 TAU = 0.5

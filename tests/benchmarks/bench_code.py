@@ -34,8 +34,8 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verifiers.code.sandbox import get_sandbox, isolation  # noqa: E402
-from verifiers.code.types import Program, TestRun  # noqa: E402
+from rewardd.verifiers.code.sandbox import get_sandbox, isolation  # noqa: E402
+from rewardd.verifiers.code.types import Program, TestRun  # noqa: E402
 
 PYTHON = sys.executable
 BASE_PREFIX = sys.base_prefix

@@ -184,7 +184,7 @@ class Proc:
 
 
 def rewardd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "service.cli", *args]
+    return [sys.executable, "-m", "rewardd.service.cli", *args]
 
 
 @dataclass

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.advantages import AdvantageBatch, Advantages, compute  # noqa: E402
-from service.models import Rollout, Segment, Step, Turn  # noqa: E402
+from rewardd.advantages import AdvantageBatch, Advantages, compute  # noqa: E402
+from rewardd.service.models import Rollout, Segment, Step, Turn  # noqa: E402
 
 GROUP = 16
 
@@ -257,7 +257,7 @@ def main() -> None:
     print("| estimator | ms | x memory floor | Python-list loop ms | speed-up | "
           "slice-fill loop ms | speed-up |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    from service.advantages import names_of
+    from rewardd.advantages import names_of
     for name in names_of("estimator"):
         try:
             seconds = time_estimator(name, batch, args.repeats)

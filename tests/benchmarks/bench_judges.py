@@ -10,7 +10,7 @@ run:
 1. Throughput for ``--requests`` rubric-style requests (distinct prompts):
    - a plain loop of ``httpx.Client.post`` calls, one request at a time (what a verifier
      calling an endpoint naively does);
-   - :class:`~verifiers.judge.openai_compat.OpenAIChatBackend` with ``max_concurrency`` 1, 8
+   - :class:`~rewardd.verifiers.judge.openai_compat.OpenAIChatBackend` with ``max_concurrency`` 1, 8
      and 32, the requests handed over in batches of 64 (a group's criteria).
 2. The cache: the same workload where each prompt recurs (``--repeats`` times, shuffled), the
    backend's reply cache on against off: hit rate, requests sent to the server, requests/s.
@@ -32,8 +32,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.judge_server import JudgeServer  # noqa: E402
-from verifiers.judge.backend import ChatReply, ChatRequest  # noqa: E402
-from verifiers.judge.openai_compat import (OpenAIChatBackend, OpenAIConfig,  # noqa: E402
+from rewardd.verifiers.judge.backend import ChatReply, ChatRequest  # noqa: E402
+from rewardd.verifiers.judge.openai_compat import (OpenAIChatBackend, OpenAIConfig,  # noqa: E402
                                            ReplyCache)
 
 BATCH = 64

@@ -8,12 +8,12 @@ prediction, reference, expected, note, optional params):
    options); the `known_false_positive` class case by case; the cases each tool gets wrong;
 2. robustness: every case once per tool in a killable worker process (pebble, one worker,
    a hard wall-clock limit per case, a fresh worker after a kill): slowest case, hangs,
-   crashes; for rewardd also the production path (`workers.embedded.EmbeddedExecutor`) on
+   crashes; for rewardd also the production path (`rewardd.workers.embedded.EmbeddedExecutor`) on
    the adversarial cases, when it imports and runs;
 3. throughput on one core, in-process, both tools warmed up, adversarial class excluded:
    (a) every case once, caches cleared before each case; (b) groups of 16 realistic rollouts
    sharing a reference, caches cleared before each group, so each tool keeps only what it
-   gains within one group. "Caches" are rewardd's (`verifiers.math.clear_caches()`, when the
+   gains within one group. "Caches" are rewardd's (`rewardd.verifiers.math.clear_caches()`, when the
    module has it) and math-verify's own small parse caches, cleared outside the timed region.
 
 math-verify is used as a trainer uses it, with its defaults (its own signal timeouts
@@ -58,9 +58,9 @@ sys.path.insert(0, str(ROOT))
 from math_verify import parse, verify  # noqa: E402
 from math_verify import parser as _mv_parser  # noqa: E402
 
-import verifiers.math as rewardd_math  # noqa: E402
-from verifiers.base import Sample, run_verifier  # noqa: E402
-from verifiers.math import MathParams, MathVerifier  # noqa: E402
+import rewardd.verifiers.math as rewardd_math  # noqa: E402
+from rewardd.verifiers.base import Sample, run_verifier  # noqa: E402
+from rewardd.verifiers.math import MathParams, MathVerifier  # noqa: E402
 
 DEFAULT_CASES = ROOT / "tests" / "data" / "math_cases.jsonl"
 KNOWN_FP_CLASS = "known_false_positive"
@@ -268,8 +268,8 @@ def embedded_path(cases: list[Case], timeout: float) -> dict[str, Any]:
     """The production path: adversarial cases through EmbeddedExecutor, then one easy call
     to show the pool recovered. Any failure to import or run is reported, not raised."""
     try:
-        from workers.embedded import EmbeddedExecutor
-        from workers.executor import VerifyCall
+        from rewardd.workers.embedded import EmbeddedExecutor
+        from rewardd.workers.executor import VerifyCall
     except Exception as exc:
         return {"ran": False, "reason": f"import failed: {type(exc).__name__}: {exc}"}
     executor = None
@@ -567,7 +567,7 @@ def main() -> None:
     print(f"- math-verify {mv_version}{'' if mv_version == '0.9.0' else ' (expected 0.9.0)'}, "
           f"defaults; gold = {gold_text}; "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs")
-    print(f"- rewardd `verifiers.math.clear_caches`: "
+    print(f"- rewardd `rewardd.verifiers.math.clear_caches`: "
           f"{'present, called' if _rewardd_clear else 'absent'}")
     print(f"- robustness limit {args.timeout:g} s per case; throughput: {args.repeat} pass(es)\n")
     sys.stdout.flush()

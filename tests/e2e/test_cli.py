@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from service.client import RewarddClient
-from service.models import GroupResult, ScoreResponse
+from rewardd_client.client import RewarddClient
+from rewardd.service.models import GroupResult, ScoreResponse
 from tests.support.server import REPO_ROOT, child_env
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ SPEC = EXAMPLES / "math_spec.json"
 
 
 def rewardd(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "rewardd.service.cli", *map(str, args)], cwd=REPO_ROOT,
                           env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -107,12 +107,12 @@ def test_score_bad_line_names_it_and_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_openapi_command_writes_the_document(tmp_path: Path) -> None:
-    from service.openapi import render_document
+    from rewardd.service.app import render_openapi
 
     target = tmp_path / "doc" / "openapi.json"
     proc = rewardd("openapi", "-o", target)
     assert proc.returncode == 0, proc.stderr
-    assert target.read_text() == render_document()
+    assert target.read_text() == render_openapi()
 
 
 def test_score_spec_error_blames_the_spec_not_an_input_line(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from service.models import AdvantagesRequest, ScoreRequest
-from service.openapi import render_document
+from rewardd.service.models import AdvantagesRequest, ScoreRequest
+from rewardd.service.app import render_openapi
 from tests.support.server import REPO_ROOT
 
 OPENAPI = REPO_ROOT / "openapi" / "openapi.json"
@@ -27,7 +27,7 @@ BODIES = {"/v1/score": "ScoreRequest", "/v1/rewards": "RewardsRequest",
 
 @functools.cache
 def rendered() -> str:
-    return render_document()
+    return render_openapi()
 
 
 def document() -> dict[str, Any]:
@@ -68,8 +68,8 @@ def test_score_request_schema_names_core_fields() -> None:
 
 
 def test_math_batch_example_is_a_valid_score_request() -> None:
-    from service import pipeline
-    from service.settings import Settings
+    from rewardd.service import pipeline
+    from rewardd.service.settings import Settings
 
     data = json.loads((EXAMPLES / "math_batch.json").read_text())
     request = ScoreRequest.model_validate(data)
@@ -89,7 +89,7 @@ def test_split_examples_match_the_batch_example() -> None:
 
 
 def test_advantages_example_is_valid() -> None:
-    from service import pipeline
+    from rewardd.service import pipeline
 
     request = AdvantagesRequest.model_validate(
         json.loads((EXAMPLES / "advantages.json").read_text()))

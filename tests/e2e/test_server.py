@@ -1,4 +1,4 @@
-"""End to end against a real ``rewardd serve`` process, through ``service.client``.
+"""End to end against a real ``rewardd serve`` process, through ``rewardd_client``.
 
 Every number checked here is recomputed in the test from first principles (the returned
 rewards, the estimator formulas of ARCHITECTURE.md / ESTIMATORS.md), not read back from
@@ -18,8 +18,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.client import AsyncRewarddClient, RewarddClient, RewarddError
-from service.models import ScoreRequest, ScoreResponse, VerifyResponse
+from rewardd_client.client import AsyncRewarddClient, RewarddClient, RewarddError
+from rewardd.service.models import ScoreRequest, ScoreResponse, VerifyResponse
 from tests.conftest import SERVER_MAX_BODY_BYTES
 
 pytestmark = pytest.mark.e2e

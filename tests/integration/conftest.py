@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from service.settings import Settings
+from rewardd.service.settings import Settings
 from tests.support.server import REPO_ROOT, child_env
 
 REDIS_HOST, DB = "127.0.0.1", 11
@@ -109,7 +109,7 @@ class WorkerFleet:
             log = tempfile.NamedTemporaryFile("w+", prefix="rewardd-worker-", suffix=".log",
                                               delete=True)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--queues", queues,
+                [sys.executable, "-m", "rewardd.service.cli", "worker", "--queues", queues,
                  "--concurrency", str(concurrency)],
                 cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)

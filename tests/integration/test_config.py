@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import make_settings
-from verifiers.base import Sample
-from workers.celery_app import (KILL_GRACE_S, check_settings, group_timeout_s,
+from rewardd.verifiers.base import Sample
+from rewardd.workers.celery_app import (KILL_GRACE_S, check_settings, group_timeout_s,
                                 longest_task_s, max_samples_per_task, parse_exitcode,
                                 task_time_limits)
-from workers.executor import VerifyCall
-from workers.routing import Router, parse_routes
+from rewardd.workers.executor import VerifyCall
+from rewardd.workers.routing import Router, parse_routes
 
 
 def test_verifiers_go_to_the_queue_their_workers_need() -> None:

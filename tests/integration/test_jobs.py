@@ -25,10 +25,10 @@ import redis
 import redis.asyncio
 
 import tests.plugins.faulty  # noqa: F401 - registers the test verifiers here (validation)
-from service.app import create_app
-from service.jobs.store import (ACTIVE_SET, Job, RedisJobStore, idem_key, key_digest,
+from rewardd.service.app import create_app
+from rewardd.service.jobs.store import (ACTIVE_SET, Job, RedisJobStore, idem_key, key_digest,
                                 state_key)
-from service.tenancy import Tenant
+from rewardd.service.tenancy import Tenant
 from tests.integration.conftest import make_settings, worker_env
 from tests.support.jobs import HANG_GUARD_S, final, wait_until
 from tests.support.server import REPO_ROOT, free_port
@@ -216,7 +216,7 @@ def server_process() -> Iterator[tuple[str, subprocess.Popen]]:
     env = worker_env(make_settings())
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port",
+            [sys.executable, "-m", "rewardd.service.cli", "serve", "--host", "127.0.0.1", "--port",
              str(port)], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 90

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from service import pipeline
-from service.models import ScoreRequest
+from rewardd.service import pipeline
+from rewardd.service.models import ScoreRequest
 from tests.integration.conftest import PLUGINS, make_settings
 from tests.support.judge_server import JudgeServer
-from workers.distributed import CeleryExecutor
-from workers.embedded import EmbeddedExecutor
+from rewardd.workers.distributed import CeleryExecutor
+from rewardd.workers.embedded import EmbeddedExecutor
 
 SETTINGS = make_settings()
 RUBRIC = [{"criterion": f"Mentions 'w{i}'", "points": i + 1} for i in range(6)]

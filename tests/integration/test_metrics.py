@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 import tests.plugins.faulty  # noqa: F401 - the API validates test verifiers' names
-from service.app import create_app
+from rewardd.service.app import create_app
 from tests.integration.conftest import make_settings
-from workers.celery_app import VERIFY_TASK
+from rewardd.workers.celery_app import VERIFY_TASK
 
 UNSERVED = "unserved"
 """A routed queue no worker consumes: what is published there stays there."""

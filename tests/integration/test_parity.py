@@ -12,15 +12,15 @@ import pytest
 import redis
 
 import tests.plugins.faulty  # noqa: F401 - registers the test verifiers in this process
-from service import pipeline
-from service.models import ScoreRequest
+from rewardd.service import pipeline
+from rewardd.service.models import ScoreRequest
 from tests.integration.conftest import PLUGINS, make_settings, result_keys
 from tests.support.server import REPO_ROOT
-from verifiers.base import Sample
-from workers.celery_app import PING_TASK
-from workers.distributed import CeleryExecutor
-from workers.embedded import EmbeddedExecutor
-from workers.executor import CallResult, VerifyCall
+from rewardd.verifiers.base import Sample
+from rewardd.workers.celery_app import PING_TASK
+from rewardd.workers.distributed import CeleryExecutor
+from rewardd.workers.embedded import EmbeddedExecutor
+from rewardd.workers.executor import CallResult, VerifyCall
 
 SETTINGS = make_settings()
 

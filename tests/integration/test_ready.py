@@ -9,13 +9,13 @@ import httpx
 import pytest
 import redis
 
-from service.client import RewarddClient
+from rewardd_client.client import RewarddClient
 from tests.integration.conftest import BROKER_URL, PLUGINS, make_settings, result_keys
 from tests.support.server import ServerFailed, running_server
-from verifiers.base import Sample
-from workers.celery_app import redact_url
-from workers.distributed import CeleryExecutor
-from workers.executor import VerifyCall
+from rewardd.verifiers.base import Sample
+from rewardd.workers.celery_app import redact_url
+from rewardd.workers.distributed import CeleryExecutor
+from rewardd.workers.executor import VerifyCall
 
 SETTINGS = make_settings()
 

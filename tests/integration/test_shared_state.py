@@ -19,16 +19,16 @@ import pytest
 import redis
 import redis.asyncio
 
-from service.app import create_app
-from service.limits import RedisLimiter
-from service.runstate import RedisRunStore
-from service.settings import Settings
-from service.tenancy import Tenant
+from rewardd.service.app import create_app
+from rewardd.service.limits import RedisLimiter
+from rewardd.service.runstate import RedisRunStore
+from rewardd.service.settings import Settings
+from rewardd.service.tenancy import Tenant
 from tests.integration.conftest import (BROKER_URL, PLUGINS, WorkerFleet, make_settings,
                                         worker_env)
 from tests.support.executors import GatedExecutor, RefusingExecutor
 from tests.support.server import free_port
-from workers.distributed import CeleryExecutor
+from rewardd.workers.distributed import CeleryExecutor
 
 ALICE = {"Authorization": "Bearer ka"}
 BOB = {"Authorization": "Bearer kb"}

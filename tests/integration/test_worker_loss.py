@@ -19,10 +19,10 @@ from typing import Any
 import redis
 
 import tests.plugins.faulty  # noqa: F401 - registers test_sleep here too (request validation)
-from service import pipeline
-from service.models import RewardsRequest
+from rewardd.service import pipeline
+from rewardd.service.models import RewardsRequest
 from tests.integration.conftest import make_settings
-from workers.distributed import CeleryExecutor
+from rewardd.workers.distributed import CeleryExecutor
 
 # A short visibility timeout so a lost machine's calls come back within seconds; the longest
 # task here (a group of two at 1 s each) fits inside it with room to spare.

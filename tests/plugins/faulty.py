@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from verifiers import REGISTRY, Outcome, Verifier, VerifierParams, register
+from rewardd.verifiers import REGISTRY, Outcome, Verifier, VerifierParams, register
 
 
 class FaultParams(VerifierParams):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from verifiers.base import Outcome
+from rewardd.verifiers.base import Outcome
 
-from workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
+from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall)
 
 

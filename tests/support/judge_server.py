@@ -180,8 +180,8 @@ class JudgeServer:
 def judge_client_env(server: JudgeServer, monkeypatch: Any) -> Iterator[None]:
     """A clean slate for one judge test: the server's faults and log, the client's reply
     cache and built backends, fast backoff, and REWARDD_JUDGE_* pointing at ``server``."""
-    from verifiers.judge import openai_compat
-    from verifiers.judge.config import reset_backends
+    from rewardd.verifiers.judge import openai_compat
+    from rewardd.verifiers.judge.config import reset_backends
 
     server.reset()
     monkeypatch.setenv("REWARDD_JUDGE_BASE_URL", server.base_url)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import textwrap
 
-from verifiers.code.sandbox import Sandbox
-from verifiers.code.types import Limits, Program
-from verifiers.code.types import TestResult as Result
-from verifiers.code.types import TestRun as Case
+from rewardd.verifiers.code.sandbox import Sandbox
+from rewardd.verifiers.code.types import Limits, Program
+from rewardd.verifiers.code.types import TestResult as Result
+from rewardd.verifiers.code.types import TestRun as Case
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0, memory_mb=256)
 """Tight limits, so attacks and limit tests end quickly."""

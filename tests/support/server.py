@@ -44,7 +44,7 @@ def running_server(*flags: str, ready_within_s: float = 90.0,
     environment); SIGTERM it on exit."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "rewardd.service.cli", "serve", "--host", "127.0.0.1",
            "--port", str(port), *flags]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**child_env(), **(env or {})},

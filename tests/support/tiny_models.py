@@ -5,9 +5,9 @@ corpus, and the weights come from ``torch.manual_seed``, so two builds give the 
 The models are real transformers models (Llama architecture), just small enough that a test
 file runs in seconds on a CPU: hidden size 64, 2 layers, 4 heads of 16.
 
-``build_tiny_lm(path)`` saves a causal LM (for :mod:`verifiers.judge.local`),
+``build_tiny_lm(path)`` saves a causal LM (for :mod:`rewardd.verifiers.judge.local`),
 ``build_tiny_rm(path)`` a one-label sequence-classification model (for
-:mod:`verifiers.judge.reward_model`). Both return ``path``; tests build each once per module
+:mod:`rewardd.verifiers.judge.reward_model`). Both return ``path``; tests build each once per module
 with ``tmp_path_factory``.
 """
 

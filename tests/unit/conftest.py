@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.judge_server import JudgeServer, judge_client_env
-from verifiers.code.sandbox import Sandbox
+from rewardd.verifiers.code.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import advantages as adv
-from service.advantages import AdvantageBatch, Advantages, compute, pins_for
-from service.advantages.aggregate import gdpo
-from service.advantages.groups import batch_whiten
-from service.models import AdvantageSpec, AdvantagesRequest, ScoreResponse
-from service.pipeline import advantages as pipeline_advantages
-from service.validation import RequestInvalid
+from rewardd import advantages as adv
+from rewardd.advantages import AdvantageBatch, Advantages, compute, pins_for
+from rewardd.advantages.aggregate import gdpo
+from rewardd.advantages.groups import batch_whiten
+from rewardd.service.models import AdvantageSpec, AdvantagesRequest, ScoreResponse
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.validation import RequestInvalid
 
 TIGHT = 1e-12
 EPS = 1e-6  # grpo's epsilon under the rewardd and verl profiles

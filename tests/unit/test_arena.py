@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from tests.support.judge_server import JudgeServer
-from verifiers import REGISTRY
-from verifiers.base import GroupContext, Sample, run_group_verifier
-from verifiers.judge import openai_compat
-from verifiers.judge.arena import ArenaParams
-from verifiers.judge.ratings import spearman
+from rewardd.verifiers import REGISTRY
+from rewardd.verifiers.base import GroupContext, Sample, run_group_verifier
+from rewardd.verifiers.judge import openai_compat
+from rewardd.verifiers.judge.arena import ArenaParams
+from rewardd.verifiers.judge.ratings import spearman
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +161,7 @@ def test_three_rollouts_are_all_judged_by_default() -> None:
 def test_a_groups_shared_judge_usage_is_counted_once_and_whole() -> None:
     from prometheus_client import REGISTRY
 
-    from service.metrics import observe_judge_usage
+    from rewardd.service.metrics import observe_judge_usage
 
     labels = {"verifier": "arena-metrics-test", "backend": "b", "model": "m"}
 

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
+from rewardd.service.app import create_app
+from rewardd.service.settings import Settings
 from tests.support.executors import RefusingExecutor
-from workers.executor import Executor
+from rewardd.workers.executor import Executor
 
 MAX_BODY = 64 * 1024
 

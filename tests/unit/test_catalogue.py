@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.advantages import ENTRIES
-from service.api.catalogue import list_estimators
+from rewardd.advantages import ENTRIES
+from rewardd.service.api.catalogue import list_estimators
 
 CATALOGUE = {
     "estimator": {"grpo", "dr_grpo", "rloo", "opo", "gpg", "remax", "reinforce_pp",

@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from verifiers.base import InvalidReference
-from verifiers.code.compare import (Expectation, stdout_equal, tokens_equal, value_meets,
+from rewardd.verifiers.base import InvalidReference
+from rewardd.verifiers.code.compare import (Expectation, stdout_equal, tokens_equal, value_meets,
                                     values_equal)
-from verifiers.code.extract import extract_code
-from verifiers.code.spec import language_of, parse_reference
+from rewardd.verifiers.code.extract import extract_code
+from rewardd.verifiers.code.spec import language_of, parse_reference
 
 # ----------------------------------------------------------------------------- extraction
 

@@ -15,12 +15,12 @@ import warnings
 import pytest
 from pydantic import ValidationError
 
-from verifiers.base import FailureKind, Outcome, Sample, run_verifier
-from verifiers.code import CodeVerifier
-from verifiers.code import verifier as code_verifier
-from verifiers.code.sandbox import SandboxUnavailable, get_sandbox
-from verifiers.code.types import Program
-from verifiers.code.types import TestRun as Run  # not collected as a test class
+from rewardd.verifiers.base import FailureKind, Outcome, Sample, run_verifier
+from rewardd.verifiers.code import CodeVerifier
+from rewardd.verifiers.code import verifier as code_verifier
+from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox
+from rewardd.verifiers.code.types import Program
+from rewardd.verifiers.code.types import TestRun as Run  # not collected as a test class
 
 CODE = CodeVerifier()
 

@@ -1,4 +1,4 @@
-"""The soft per-check deadline (workers.deadline) and the group task that uses it, in-process.
+"""The soft per-check deadline (rewardd.workers.deadline) and the group task that uses it, in-process.
 
 These run in pytest's main thread, where SIGALRM handlers work, exactly as in a pebble
 worker (test_group_calls proves the workers run tasks in their main thread).
@@ -13,8 +13,8 @@ import time
 import pytest
 
 import tests.plugins.faulty  # noqa: F401 - registers the test verifiers
-from workers.deadline import CheckTimeout, SoftDeadline, can_arm
-from workers.tasks import verify_group_task
+from rewardd.workers.deadline import CheckTimeout, SoftDeadline, can_arm
+from rewardd.workers.tasks import verify_group_task
 
 
 def test_interrupts_a_sleep_in_the_main_thread() -> None:

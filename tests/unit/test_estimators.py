@@ -1,7 +1,7 @@
 """GRPO-family estimators (grpo, dr_grpo, rloo) under every trainer profile.
 
-Checked two ways: directly through ``service.advantages`` (AdvantageBatch + compute) and through
-the pure pipeline ``service.pipeline.advantages``. Golden values come from ESTIMATORS.md; each
+Checked two ways: directly through ``rewardd.advantages`` (AdvantageBatch + compute) and through
+the pure pipeline ``rewardd.service.pipeline.advantages``. Golden values come from ESTIMATORS.md; each
 is compared with the hand formula evaluated here in float64.
 """
 
@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from service import advantages as adv
-from service.advantages import AdvantageBatch, compute, decode_rle
-from service.models import AdvantagesRequest, ScoreResponse
-from service.pipeline import advantages as pipeline_advantages
-from service.validation import RequestInvalid
+from rewardd import advantages as adv
+from rewardd.advantages import AdvantageBatch, compute, decode_rle
+from rewardd.service.models import AdvantagesRequest, ScoreResponse
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.validation import RequestInvalid
 
 PROFILES = ("rewardd", "verl", "trl", "openrlhf")
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -618,7 +618,7 @@ def test_grpo_eps_param_overrides_the_profile_epsilon():
 
 
 def test_estimator_catalogue_lists_grpo_eps_with_type_and_default():
-    from service.api.catalogue import list_estimators
+    from rewardd.service.api.catalogue import list_estimators
 
     grpo = next(e for e in list_estimators() if e.name == "grpo")
     [eps] = grpo.params

@@ -2,7 +2,7 @@
 ucb_curriculum) and the batch diagnostics of the summary.
 
 Filters return advice beside the advantages and never change them. Golden values are worked
-out by hand in each test; the pipeline path (``service.pipeline.advantages``) is the one the
+out by hand in each test; the pipeline path (``rewardd.service.pipeline.advantages``) is the one the
 API uses, and every response is validated against ScoreResponse.
 """
 
@@ -17,13 +17,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.advantages import Advantages, AdvantageBatch, get_entry, pins_for
-from service.inputs import build_batch
-from service.models import AdvantagesRequest
-from service.pipeline import advantages as pipeline_advantages
-from service.runstate import MemoryRunStore, RunStore
-from service.table import FlatBatch, combine, precomputed_columns
-from service.validation import RequestInvalid
+from rewardd.advantages import Advantages, AdvantageBatch, get_entry, pins_for
+from rewardd.service.inputs import build_batch
+from rewardd.service.models import AdvantagesRequest
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.runstate import MemoryRunStore, RunStore
+from rewardd.service.table import FlatBatch, combine, precomputed_columns
+from rewardd.service.validation import RequestInvalid
 from tests.unit.test_estimators import (ESTIMATORS, PROFILES, PROPERTY, assert_valid_response,
                                         run, scalar_groups)
 

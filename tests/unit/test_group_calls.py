@@ -18,14 +18,14 @@ import pebble
 import pytest
 
 import tests.plugins.faulty  # noqa: F401 - registers the test verifiers in this process
-from service import pipeline
-from service.models import RewardsRequest
-from service.settings import Settings
+from rewardd.service import pipeline
+from rewardd.service.models import RewardsRequest
+from rewardd.service.settings import Settings
 from tests.support.server import REPO_ROOT, child_env
-from verifiers.base import Sample
-from workers.deadline import can_arm
-from workers.embedded import EmbeddedExecutor, _context
-from workers.executor import CallResult, VerifyCall
+from rewardd.verifiers.base import Sample
+from rewardd.workers.deadline import can_arm
+from rewardd.workers.embedded import EmbeddedExecutor, _context
+from rewardd.workers.executor import CallResult, VerifyCall
 
 PLUGINS = ("tests.plugins.faulty",)
 
@@ -114,7 +114,7 @@ async def test_an_uninterruptible_sample_is_killed_and_the_group_replayed(
 async def test_c_level_spin_is_cut_off_within_its_limit_plus_a_little(
         executor: EmbeddedExecutor) -> None:
     """No SIGALRM and no Python SIGTERM handler can stop it: the worker dies by the hard
-    limit at once, not after pebble's 3 s SIGTERM grace (workers.tasks.init_worker)."""
+    limit at once, not after pebble's 3 s SIGTERM grace (rewardd.workers.tasks.init_worker)."""
     limit = 0.5
     result, took = await run_one(executor, group_call("test_spin", ["0"], limit))
     assert errors(result) == ["timeout"] and not result.replayed
@@ -184,9 +184,9 @@ def test_a_later_executor_gets_its_plugins_whatever_the_forkserver_preloaded() -
     with plugins must still find its verifiers (its workers import them themselves)."""
     script = """
 import asyncio
-from verifiers.base import Sample
-from workers.embedded import EmbeddedExecutor
-from workers.executor import VerifyCall
+from rewardd.verifiers.base import Sample
+from rewardd.workers.embedded import EmbeddedExecutor
+from rewardd.workers.executor import VerifyCall
 
 async def main():
     first = EmbeddedExecutor(1)

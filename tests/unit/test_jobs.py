@@ -17,13 +17,13 @@ import msgpack
 import orjson
 import pytest
 
-from service.app import create_app
-from service.jobs.store import MemoryJobStore
-from service.models import JobStatus, JobSubmitted, ScoreResponse
-from service.settings import Settings
-from service.tenancy import Tenant
+from rewardd.service.app import create_app
+from rewardd.service.jobs.store import MemoryJobStore
+from rewardd.service.models import JobStatus, JobSubmitted, ScoreResponse
+from rewardd.service.settings import Settings
+from rewardd.service.tenancy import Tenant
 from tests.support.jobs import final, wait_until
-from workers.embedded import EmbeddedExecutor
+from rewardd.workers.embedded import EmbeddedExecutor
 
 PLUGINS = "tests.plugins.faulty"
 KEYS = "ka=alice,kb=bob"
@@ -410,7 +410,7 @@ async def _zero(app: Any, tenant: Tenant) -> bool:
 
 
 async def test_memory_store_expires_finished_jobs() -> None:
-    from service.jobs.store import Job
+    from rewardd.service.jobs.store import Job
 
     store = MemoryJobStore(ttl_s=1)
     job = Job(id=uuid.uuid4().hex, tenant="t", tenant_limit=1, total=2, idempotency="d")
@@ -434,7 +434,7 @@ async def test_memory_store_expires_finished_jobs() -> None:
 
 async def test_a_quiet_stream_sends_progress_then_keep_alives(
         executor: EmbeddedExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.api import jobs as jobs_api
+    from rewardd.service.api import jobs as jobs_api
 
     monkeypatch.setattr(jobs_api, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr(jobs_api, "STREAM_POLL_S", 0.02)

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from tests.support.judge_server import JudgeServer
-from verifiers.judge import openai_compat
-from verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
-from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
-from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
-from workers.deadline import CheckTimeout, SoftDeadline
+from rewardd.verifiers.judge import openai_compat
+from rewardd.verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
+from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
+from rewardd.verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
+from rewardd.workers.deadline import CheckTimeout, SoftDeadline
 
 FLEET_REDIS_URL = "redis://127.0.0.1:6379/12"
 
@@ -182,7 +182,7 @@ def test_request_overrides_cannot_raise_the_operators_bound(server: JudgeServer,
 
 
 def test_built_backends_are_bounded(server: JudgeServer, tmp_path: Any) -> None:
-    from verifiers.judge import config
+    from rewardd.verifiers.judge import config
 
     path = tmp_path / "judges.json"
     path.write_text(json.dumps({"j": {"base_url": server.base_url, "model": "m"}}))

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.support.tiny_models import build_tiny_lm
-from verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
-from verifiers.judge.local import TransformersChatBackend, cached_models, load_model
+from rewardd.verifiers.judge.backend import ChatReply, ChatRequest, JudgeUnavailable
+from rewardd.verifiers.judge.local import TransformersChatBackend, cached_models, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,7 +193,7 @@ def test_a_schema_that_cannot_be_compiled_fails_only_its_own_request(lm_path: st
 
 def test_modules_import_without_torch() -> None:
     """CPU-only workers import the registry; it must not pull in torch or transformers."""
-    code = ("import sys, verifiers, verifiers.judge.local, verifiers.judge.reward_model; "
+    code = ("import sys, rewardd.verifiers, rewardd.verifiers.judge.local, rewardd.verifiers.judge.reward_model; "
             "print(sorted({'torch', 'transformers', 'httpx'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from verifiers import Sample, run_verifier
-from verifiers.math import MathVerifier
+from rewardd.verifiers import Sample, run_verifier
+from rewardd.verifiers.math import MathVerifier
 
 CASES_PATH = Path(__file__).resolve().parents[1] / "data" / "math_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
@@ -57,8 +57,8 @@ def test_adversarial_cases_through_the_embedded_executor_keep_their_labels_and_l
     import asyncio
     import time
 
-    from workers.embedded import EmbeddedExecutor
-    from workers.executor import VerifyCall
+    from rewardd.workers.embedded import EmbeddedExecutor
+    from rewardd.workers.executor import VerifyCall
 
     adversarial = [c for c in CASES if c["class"] == "adversarial"]
     calls = [VerifyCall("math", (Sample(c["prediction"]),), {"answer": c["reference"]},
@@ -85,9 +85,9 @@ def test_a_slow_check_is_interrupted_at_its_limit():
     import asyncio
     import time
 
-    from verifiers import FailureKind
-    from workers.embedded import EmbeddedExecutor
-    from workers.executor import VerifyCall
+    from rewardd.verifiers import FailureKind
+    from rewardd.workers.embedded import EmbeddedExecutor
+    from rewardd.workers.executor import VerifyCall
 
     nested = next(c for c in CASES if c["id"] == "adv-023")
     slow = VerifyCall("math", (Sample(nested["prediction"]),), {"answer": "2"}, {}, 0.2)

@@ -15,15 +15,15 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import metrics
-from service.app import create_app
-from service.settings import Settings
+from rewardd.service import metrics
+from rewardd.service.app import create_app
+from rewardd.service.settings import Settings
 from tests.support.executors import RefusingExecutor
 from tests.support.server import REPO_ROOT, child_env
-from verifiers.base import Outcome, Sample
-from workers.distributed import CeleryExecutor, _Waiter
-from workers.executor import CallResult, ItemResult, VerifyCall
-from workers.packing import Pack
+from rewardd.verifiers.base import Outcome, Sample
+from rewardd.workers.distributed import CeleryExecutor, _Waiter
+from rewardd.workers.executor import CallResult, ItemResult, VerifyCall
+from rewardd.workers.packing import Pack
 
 
 def parse(text: str | bytes) -> dict[tuple[str, frozenset], float]:
@@ -136,7 +136,7 @@ def test_multiprocess_mode_has_the_recorded_and_the_scrape_time_metrics(tmp_path
     """In multiprocess mode the new counters aggregate over processes (here: one other
     process) and the scrape-time collector is part of the multiprocess registry."""
     env = {**child_env(), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    code = ("from service import metrics\n"
+    code = ("from rewardd.service import metrics\n"
             "metrics.TASKS.labels('cpu', 'success').inc(3)\n"
             "metrics.TASK_RETRIES.labels('cpu', 'worker_lost').inc()\n"
             "metrics.TASK_DURATION.labels('cpu', 'math').observe(0.02)\n")
@@ -303,7 +303,7 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
     """A group task that fails as a whole is replayed sample by sample; a one-sample task
     was redelivered twice after its worker died. The stub 'worker' answers every publish."""
     executor, client = stubbed
-    monkeypatch.setattr("workers.distributed.POLL_MIN_S", 0.001)
+    monkeypatch.setattr("rewardd.workers.distributed.POLL_MIN_S", 0.001)
     group = VerifyCall("math", (Sample("a"), Sample("b")), {"answer": "1"}, {}, 1.0)
     single = VerifyCall("judge", (Sample("c"),), {}, {}, 1.0)
     published: list[tuple[str, Pack]] = []
@@ -438,7 +438,7 @@ def test_publishing_in_pipelines(monkeypatch: Any, fail_flush: bool) -> None:
     producer = StubProducer(fail_flush)
     executor.app = StubApp(producer, executor.app)
     executor._verify = StubTask(producer, bad={"t5"})
-    monkeypatch.setattr("workers.distributed.PIPELINE_SIZE", 4)
+    monkeypatch.setattr("rewardd.workers.distributed.PIPELINE_SIZE", 4)
     call = VerifyCall("math", (Sample("1"),), {}, {}, 1.0)
     jobs = [(f"t{i}", call) for i in range(10)]
     try:
@@ -467,7 +467,7 @@ class HalfwayCancelledExecutor(RefusingExecutor):
 
 
 def test_judge_calls_of_a_batch_cancelled_midway_are_counted() -> None:
-    from service.pipeline import run_calls
+    from rewardd.service.pipeline import run_calls
 
     labels = {"verifier": "halfway-test", "backend": "b", "model": "m"}
     before = value("rewardd_judge_calls_total", result="answered", **labels)

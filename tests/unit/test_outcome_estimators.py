@@ -1,7 +1,7 @@
 """The rest of the outcome catalogue and the return-based estimators: opo, gpg, remax,
 reinforce_pp, reinforce_pp_baseline, gae, passk, grpo_passk.
 
-Every case goes through the full request path (``service.pipeline.advantages``) and the
+Every case goes through the full request path (``rewardd.service.pipeline.advantages``) and the
 response is validated against ScoreResponse. Golden values are hand computations written
 out in the comments; dyadic inputs make most of them exact.
 """
@@ -18,12 +18,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.advantages import decode_rle, pins_for
-from service.advantages.returns import reverse_scan
-from service.api.catalogue import list_estimators
-from service.models import AdvantagesRequest, ScoreResponse
-from service.pipeline import advantages as pipeline_advantages
-from service.validation import RequestInvalid
+from rewardd.advantages import decode_rle, pins_for
+from rewardd.advantages.returns import reverse_scan
+from rewardd.service.api.catalogue import list_estimators
+from rewardd.service.models import AdvantagesRequest, ScoreResponse
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.validation import RequestInvalid
 
 TIGHT = 1e-12
 PROFILES = ("rewardd", "verl", "trl", "openrlhf")

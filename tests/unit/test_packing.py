@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from verifiers.base import Sample
-from workers.executor import HARD_MARGIN_S, HARD_SLACK_PER_EXTRA_SAMPLE_S, VerifyCall
-from workers.packing import TASKS_PER_SLOT, Pack, Part, pack_target, plan
-from workers.tasks import verify_group_task, verify_groups_task
+from rewardd.verifiers.base import Sample
+from rewardd.workers.executor import HARD_MARGIN_S, HARD_SLACK_PER_EXTRA_SAMPLE_S, VerifyCall
+from rewardd.workers.packing import TASKS_PER_SLOT, Pack, Part, pack_target, plan
+from rewardd.workers.tasks import verify_group_task, verify_groups_task
 
 
 def call(verifier: str, n: int, timeout_s: float = 1.0, tag: str = "",

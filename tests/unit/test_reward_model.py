@@ -15,10 +15,10 @@ import torch
 from pydantic import ValidationError
 
 from tests.support.tiny_models import build_tiny_rm
-from verifiers import REGISTRY
-from verifiers.base import FailureKind, Sample, run_group_verifier
-from verifiers.judge.local import load_model
-from verifiers.judge.reward_model import RewardModelParams, render_ids, score_ids
+from rewardd.verifiers import REGISTRY
+from rewardd.verifiers.base import FailureKind, Sample, run_group_verifier
+from rewardd.verifiers.judge.local import load_model
+from rewardd.verifiers.judge.reward_model import RewardModelParams, render_ids, score_ids
 
 SAMPLES = [
     Sample(prompt="What is 2+2?", completion="4"),

@@ -1,6 +1,6 @@
 """Token routing estimators: segment, outcome_conditioned, turn, gigpo, bipace, tempo.
 
-Every case runs through the pure pipeline ``service.pipeline.advantages`` and the response is
+Every case runs through the pure pipeline ``rewardd.service.pipeline.advantages`` and the response is
 validated against ScoreResponse. Golden values are hand computations written next to each
 test; tempo is also checked against a naive prefix-tree reference (tuples of token ids).
 """
@@ -18,13 +18,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.advantages import AdvantageBatch, decode_rle, get_estimator
-from service.advantages.routing import discounted_suffix_sum
-from service.advantages.steps import leader_clusters
-from service.advantages.tree import branch_differences
-from service.models import AdvantagesRequest, ScoreResponse
-from service.pipeline import advantages as pipeline_advantages
-from service.validation import RequestInvalid
+from rewardd.advantages import AdvantageBatch, decode_rle, get_estimator
+from rewardd.advantages.routing import discounted_suffix_sum
+from rewardd.advantages.steps import leader_clusters
+from rewardd.advantages.tree import branch_differences
+from rewardd.service.models import AdvantagesRequest, ScoreResponse
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.validation import RequestInvalid
 
 EPS = 1e-6
 TIGHT = 1e-12

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from tests.support.judge_server import NONCE, JudgeServer, fenced_blocks
-from verifiers import REGISTRY
-from verifiers.base import GroupContext, Sample, run_group_verifier
-from verifiers.dropout import rubric_keep_mask
-from verifiers.judge.rubric import RubricParams
-from verifiers.judge.templates import (Unparseable, nonce_for, parse_criteria, parse_criterion,
+from rewardd.verifiers import REGISTRY
+from rewardd.verifiers.base import GroupContext, Sample, run_group_verifier
+from rewardd.verifiers.dropout import rubric_keep_mask
+from rewardd.verifiers.judge.rubric import RubricParams
+from rewardd.verifiers.judge.templates import (Unparseable, nonce_for, parse_criteria, parse_criterion,
                                        parse_pairwise)
 
 RUBRIC = [{"criterion": "Mentions 'aspirin'", "points": 5},

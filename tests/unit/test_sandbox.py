@@ -1,6 +1,6 @@
 """The code sandbox, end to end: real bubblewrap, real processes, no mocks.
 
-Each test runs real programs through :class:`verifiers.code.sandbox.Sandbox` and checks
+Each test runs real programs through :class:`rewardd.verifiers.code.sandbox.Sandbox` and checks
 what came back: statuses, captured output, values, limits, early stopping, C++ and node,
 and that an interrupted run leaves nothing behind. The attacks are in
 ``test_sandbox_security.py``.
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from verifiers.code.sandbox import Sandbox, SandboxError, get_sandbox, isolation, runtimes
-from verifiers.code.types import Limits, Program
-from verifiers.code.types import TestResult as Result  # aliases: pytest collects Test*
-from verifiers.code.types import TestRun as Case
+from rewardd.verifiers.code.sandbox import Sandbox, SandboxError, get_sandbox, isolation, runtimes
+from rewardd.verifiers.code.types import Limits, Program
+from rewardd.verifiers.code.types import TestResult as Result  # aliases: pytest collects Test*
+from rewardd.verifiers.code.types import TestRun as Case
 from tests.support.sandbox import FAST, processes_of, run
-from workers.deadline import CheckTimeout, SoftDeadline
+from rewardd.workers.deadline import CheckTimeout, SoftDeadline
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap (bwrap) is not installed: "
@@ -402,8 +402,8 @@ def test_namespaces_level_without_per_run_uid() -> None:
 def test_without_isolation_code_runs_only_when_unsafe_is_set(tmp_path: Path) -> None:
     """No bwrap on PATH: SandboxUnavailable, unless REWARDD_SANDBOX_UNSAFE=1."""
     script = textwrap.dedent("""
-        from verifiers.code.sandbox import Sandbox, SandboxUnavailable, isolation
-        from verifiers.code.types import Program, TestRun
+        from rewardd.verifiers.code.sandbox import Sandbox, SandboxUnavailable, isolation
+        from rewardd.verifiers.code.types import Program, TestRun
         print(isolation().level)
         try:
             print(Sandbox().run(Program("python", "print(6*7)", (TestRun(),)))[0].stdout)

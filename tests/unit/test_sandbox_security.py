@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from verifiers.code.sandbox import Sandbox, SandboxError
-from verifiers.code.types import Limits
-from verifiers.code.types import TestRun as Case
+from rewardd.verifiers.code.sandbox import Sandbox, SandboxError
+from rewardd.verifiers.code.types import Limits
+from rewardd.verifiers.code.types import TestRun as Case
 
 from tests.support.sandbox import processes_of, run
 

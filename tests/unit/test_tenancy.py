@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from service.app import create_app
-from service.limits import MemoryLimiter
-from service.runstate import MemoryRunStore
-from service.settings import Settings
-from service.tenancy import DEFAULT_TENANT, KeysInvalid, Tenant, load_keys
+from rewardd.service.app import create_app
+from rewardd.service.limits import MemoryLimiter
+from rewardd.service.runstate import MemoryRunStore
+from rewardd.service.settings import Settings
+from rewardd.service.tenancy import DEFAULT_TENANT, KeysInvalid, Tenant, load_keys
 from tests.support.executors import GatedExecutor
-from workers.executor import Executor
+from rewardd.workers.executor import Executor
 
 KEYS = "key-alice=alice,key-alice-2=alice,key-bob=bob"
 ALICE = {"Authorization": "Bearer key-alice"}

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from verifiers.judge.games import Match, Verdict, merge_orders
-from verifiers.judge.ratings import SCORINGS, bt_scores, elo_scores, spearman, win_rate_scores
-from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
+from rewardd.verifiers.judge.games import Match, Verdict, merge_orders
+from rewardd.verifiers.judge.ratings import SCORINGS, bt_scores, elo_scores, spearman, win_rate_scores
+from rewardd.verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
                                         _pair_avoiding_rematches, default_options,
                                         run_tournament)
 

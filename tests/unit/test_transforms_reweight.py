@@ -3,7 +3,7 @@
 
 Golden values are worked out by hand in each test (the arithmetic is written next to the
 expected numbers). Entries are checked directly on a batch built the way the service builds
-it, and through ``service.pipeline.advantages`` with the response validated against
+it, and through ``rewardd.service.pipeline.advantages`` with the response validated against
 ScoreResponse; ha_dw's run state also through the HTTP app.
 """
 
@@ -23,18 +23,18 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.advantages import ENTRIES, AdvantageBatch, Advantages, decode_rle, pins_for
-from service.advantages.reweight import gagar, modulate, uniqueness
-from service.advantages.transforms import (group_ranks, overlong, prm_clip, prm_delta, rank,
-                                           rubric_keep_mask)
-from service.app import create_app
-from service.inputs import build_batch
-from service.models import AdvantagesRequest, ScoreResponse
-from service.pipeline import advantages as pipeline_advantages
-from service.runstate import MemoryRunStore, RunStore
-from service.settings import Settings
-from service.table import FlatBatch, combine, precomputed_columns
-from service.validation import RequestInvalid
+from rewardd.advantages import ENTRIES, AdvantageBatch, Advantages, decode_rle, pins_for
+from rewardd.advantages.reweight import gagar, modulate, uniqueness
+from rewardd.advantages.transforms import group_ranks, overlong, prm_clip, prm_delta, rank
+from rewardd.service.app import create_app
+from rewardd.service.inputs import build_batch
+from rewardd.service.models import AdvantagesRequest, ScoreResponse
+from rewardd.verifiers.dropout import rubric_keep_mask
+from rewardd.service.pipeline import advantages as pipeline_advantages
+from rewardd.service.runstate import MemoryRunStore, RunStore
+from rewardd.service.settings import Settings
+from rewardd.service.table import FlatBatch, combine, precomputed_columns
+from rewardd.service.validation import RequestInvalid
 from tests.support.executors import RefusingExecutor
 
 TIGHT = 1e-12

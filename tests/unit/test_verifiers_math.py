@@ -10,9 +10,9 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from verifiers import FailureKind, Outcome, Sample, get_verifier, run_verifier
-from verifiers.math import MathVerifier
-from verifiers.math.extract import clean_answer, extract_answer
+from rewardd.verifiers import FailureKind, Outcome, Sample, get_verifier, run_verifier
+from rewardd.verifiers.math import MathVerifier
+from rewardd.verifiers.math.extract import clean_answer, extract_answer
 
 MATH = MathVerifier()
 
@@ -212,8 +212,8 @@ def test_math_rel_tol_is_relative_not_absolute():
 
 
 def test_math_verdicts_are_cached_per_process_and_clearable():
-    from verifiers.math import clear_caches
-    from verifiers.math.verifier import _parsed, _verdict
+    from rewardd.verifiers.math import clear_caches
+    from rewardd.verifiers.math.verifier import _parsed, _verdict
 
     clear_caches()
     for _ in range(16):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from verifiers import FailureKind, Sample, get_verifier, run_verifier
-from verifiers.text import (ExactMatchVerifier, LengthVerifier, RegexVerifier, find_last_boxed)
+from rewardd.verifiers import FailureKind, Sample, get_verifier, run_verifier
+from rewardd.verifiers.text import (ExactMatchVerifier, LengthVerifier, RegexVerifier, find_last_boxed)
 
 EXACT = ExactMatchVerifier()
 REGEX = RegexVerifier()

@@ -6,7 +6,7 @@ Run by ``make test-vllm`` (also in CI): vLLM lives in its own virtual environmen
 vllm.entrypoints.openai.api_server``: a tiny Llama chat model and a tiny Llama
 sequence-classification model, both with head dimension 64 (what vLLM's CPU attention takes),
 built here and saved locally. The production client code paths are exercised unchanged:
-:class:`~verifiers.judge.openai_compat.OpenAIChatBackend` for chat and structured output, the
+:class:`~rewardd.verifiers.judge.openai_compat.OpenAIChatBackend` for chat and structured output, the
 rubric verifier with vLLM's regex-constrained decoding, and the reward-model verifier's
 ``/classify`` client, whose scores must equal the local transformers path's.
 """
@@ -26,11 +26,11 @@ import pytest
 
 from tests.support.server import free_port
 from tests.support.tiny_models import build_tiny_lm, build_tiny_rm
-from verifiers import REGISTRY
-from verifiers.base import GroupContext, Sample, run_group_verifier
-from verifiers.judge.backend import ChatReply, ChatRequest
-from verifiers.judge.config import reset_backends
-from verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
+from rewardd.verifiers import REGISTRY
+from rewardd.verifiers.base import GroupContext, Sample, run_group_verifier
+from rewardd.verifiers.judge.backend import ChatReply, ChatRequest
+from rewardd.verifiers.judge.config import reset_backends
+from rewardd.verifiers.judge.openai_compat import OpenAIChatBackend, OpenAIConfig, ReplyCache
 
 pytestmark = pytest.mark.vllm
 

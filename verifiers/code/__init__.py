@@ -1,15 +1,15 @@
 """The ``code`` verifier: run the completion's program on the reference's tests in a sandbox.
 
-Pipeline: :mod:`~verifiers.code.extract` finds the program (the last fenced block of the
-task's language, else the whole completion); :mod:`~verifiers.code.spec` reads the reference
+Pipeline: :mod:`~rewardd.verifiers.code.extract` finds the program (the last fenced block of the
+task's language, else the whole completion); :mod:`~rewardd.verifiers.code.spec` reads the reference
 into test runs (stdin/stdout, function calls, assert-style test code lifted into expressions)
-and expected answers; :mod:`~verifiers.code.sandbox` runs the program (the runs only: the
-expected answers never enter it; :mod:`~verifiers.code.types` is the boundary's data);
-:mod:`~verifiers.code.compare` judges each result as plain data, outside;
-:mod:`~verifiers.code.verifier` ties them together into a reward and a per-test ``detail``.
+and expected answers; :mod:`~rewardd.verifiers.code.sandbox` runs the program (the runs only: the
+expected answers never enter it; :mod:`~rewardd.verifiers.code.types` is the boundary's data);
+:mod:`~rewardd.verifiers.code.compare` judges each result as plain data, outside;
+:mod:`~rewardd.verifiers.code.verifier` ties them together into a reward and a per-test ``detail``.
 
 ``CodeVerifier`` and ``CodeParams`` are imported lazily (on first attribute access), so the
-sandbox's own modules can import ``verifiers.code.types`` without pulling in the verifier.
+sandbox's own modules can import ``rewardd.verifiers.code.types`` without pulling in the verifier.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from verifiers.code.verifier import CodeParams, CodeVerifier
+    from rewardd.verifiers.code.verifier import CodeParams, CodeVerifier
 
 __all__ = ["CodeParams", "CodeVerifier"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from verifiers.code import verifier
+        from rewardd.verifiers.code import verifier
 
         return getattr(verifier, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

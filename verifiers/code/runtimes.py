@@ -4,7 +4,7 @@ Detection runs once per process (:func:`isolation`) and costs one short-lived sa
 (~50 ms): bubblewrap must be present *and* work here (containers often forbid namespaces),
 the network namespace must really leave only loopback, and per-run uids need root.
 
-Levels (see :class:`verifiers.code.types.Isolation`):
+Levels (see :class:`rewardd.verifiers.code.types.Isolation`):
 
 - ``full``: root, bubblewrap works: namespaces, a per-run uid, private tmpfs, rlimits.
 - ``namespaces``: not root, bubblewrap works with a user namespace: the same namespaces
@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifiers.code.types import Isolation
+from rewardd.verifiers.code.types import Isolation
 
 UNSAFE_ENV = "REWARDD_SANDBOX_UNSAFE"
 PYTHON_MOUNT = "/opt/rewardd-python"

@@ -1,7 +1,7 @@
 """Run untrusted programs against tests: the grader's side of the code sandbox.
 
 One :class:`Sandbox` per worker process owns one zygote: a warm Python inside bubblewrap
-(:mod:`verifiers.code.zygote`, whose docstring describes the isolation layers and the
+(:mod:`rewardd.verifiers.code.zygote`, whose docstring describes the isolation layers and the
 limits). The zygote starts lazily on the first :meth:`Sandbox.run` — never at import and
 never in a forkserver parent, which would hand every forked worker the same pipes — and is
 restarted if it died. :func:`get_sandbox` gives each process its own instance (a forked
@@ -34,10 +34,10 @@ import threading
 import time
 from typing import IO, Any, Callable
 
-from verifiers.code.runtimes import (bwrap_command, isolation, runtimes, unsafe_allowed,
+from rewardd.verifiers.code.runtimes import (bwrap_command, isolation, runtimes, unsafe_allowed,
                                      unsafe_command, unsafe_env)
-from verifiers.code.types import Isolation, Program, TestResult
-from verifiers.code.zygote import HEADER, MAX_FRAME_BYTES, b64, pack_frame, unb64
+from rewardd.verifiers.code.types import Isolation, Program, TestResult
+from rewardd.verifiers.code.zygote import HEADER, MAX_FRAME_BYTES, b64, pack_frame, unb64
 
 __all__ = ["Sandbox", "SandboxError", "SandboxUnavailable", "get_sandbox", "isolation",
            "runtimes"]

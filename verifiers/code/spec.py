@@ -1,7 +1,7 @@
 """A code task's reference, parsed into the runs to make and the answers to expect.
 
-The runs (:class:`~verifiers.code.types.TestRun`) go into the sandbox; the expected answers
-(:class:`~verifiers.code.compare.Expectation`) never do: they stay in the grader, which
+The runs (:class:`~rewardd.verifiers.code.types.TestRun`) go into the sandbox; the expected answers
+(:class:`~rewardd.verifiers.code.compare.Expectation`) never do: they stay in the grader, which
 judges each run's output as data. Exactly one of these reference fields holds the tests:
 
 ``tests`` (an object, or a JSON string of one; the verl / SandboxFusion shape) or
@@ -27,7 +27,7 @@ values judged outside the sandbox and what remains a ``script``.
 ``language``: ``python`` (default), ``cpp`` or ``javascript`` (also ``py``, ``python3``,
 ``c++``, ``js``, ``node``); call-based and assert-style tests need Python.
 
-A reference that cannot be read raises :class:`~verifiers.base.InvalidReference` naming the
+A reference that cannot be read raises :class:`~rewardd.verifiers.base.InvalidReference` naming the
 field (``tests.outputs``, ``input_output.inputs[3]``, ``test_code``, ``entry_point``...).
 """
 
@@ -41,9 +41,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from verifiers.base import InvalidReference
-from verifiers.code.compare import Expectation
-from verifiers.code.types import Language, TestRun
+from rewardd.verifiers.base import InvalidReference
+from rewardd.verifiers.code.compare import Expectation
+from rewardd.verifiers.code.types import Language, TestRun
 
 Style = Literal["stdio", "call", "assert"]
 

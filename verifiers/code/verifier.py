@@ -21,14 +21,14 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field, model_validator
 
-from verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
+from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams)
-from verifiers.code.compare import (CompareMode, Expectation, decode, stdout_equal,
+from rewardd.verifiers.code.compare import (CompareMode, Expectation, decode, stdout_equal,
                                     value_meets)
-from verifiers.code.extract import extract_code
-from verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
-from verifiers.code.spec import Spec, parse_reference
-from verifiers.code.types import Language, Limits, Program, TestResult
+from rewardd.verifiers.code.extract import extract_code
+from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
+from rewardd.verifiers.code.spec import Spec, parse_reference
+from rewardd.verifiers.code.types import Language, Limits, Program, TestResult
 
 _SPEC_CACHE_SIZE = 256
 _PREVIEW = 200

@@ -1,7 +1,7 @@
 """The zygote: a warm, stdlib-only Python inside bubblewrap that runs untrusted programs.
 
 It runs as a script (``python -I -S zygote.py --level full``) inside the bubblewrap sandbox
-that :mod:`verifiers.code.sandbox` starts, and is also imported on the host, only for the
+that :mod:`rewardd.verifiers.code.sandbox` starts, and is also imported on the host, only for the
 frame helpers below (importing it has no side effect). It may import nothing outside the
 standard library: the sandbox holds the base interpreter's stdlib and no site-packages.
 

@@ -1,7 +1,7 @@
 """The ``arena`` verifier: a pairwise LLM judge ranks the rollouts of a group against each other.
 
 A group-level verifier: it sees all N rollouts at once, runs a tournament over them
-(:mod:`verifiers.judge.tournament`: round-robin, seeded single elimination, Swiss rounds, or
+(:mod:`rewardd.verifiers.judge.tournament`: round-robin, seeded single elimination, Swiss rounds, or
 each rollout against an anchor), sends every round's comparisons to the judge backend as one
 batch, and turns the fitted scores into rewards.
 
@@ -28,18 +28,18 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
+from rewardd.verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
                             GroupVerifier, VerifierParams)
-from verifiers.judge.asking import JudgeFailure, ask_all
-from verifiers.judge.backend import ChatBackend, ChatRequest, Usage
-from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
-from verifiers.judge.rubric import KINDS_BY_PRIORITY
-from verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, check_pattern,
+from rewardd.verifiers.judge.asking import JudgeFailure, ask_all
+from rewardd.verifiers.judge.backend import ChatBackend, ChatRequest, Usage
+from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
+from rewardd.verifiers.judge.rubric import KINDS_BY_PRIORITY
+from rewardd.verifiers.judge.templates import (PAIRWISE, PAIRWISE_SYSTEM, Unparseable, check_pattern,
                                        check_template, parse_pairwise, parse_with_pattern,
                                        reference_text, render)
-from verifiers.judge.games import Verdict
-from verifiers.judge.ratings import SCORINGS, average_ranks, rank_key, spearman
-from verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
+from rewardd.verifiers.judge.games import Verdict
+from rewardd.verifiers.judge.ratings import SCORINGS, average_ranks, rank_key, spearman
+from rewardd.verifiers.judge.tournament import (DEFAULT_OPTIONS, DEFAULT_SCHEME, SCHEMES,
                                         TournamentResult, default_options, run_tournament,
                                         scheme_options)
 
@@ -53,7 +53,7 @@ class ArenaParams(VerifierParams):
     """Scheme options, e.g. ``{"rounds": 5}`` or ``{"calls": 40}`` for swiss,
     ``{"seeding": "anchor"}`` for single elimination. None: the scheme's defaults; for the
     default scheme, the benchmark's choice for the group's size
-    (:func:`~verifiers.judge.tournament.default_options`)."""
+    (:func:`~rewardd.verifiers.judge.tournament.default_options`)."""
     scoring: Literal["bt", "win_rate", "elo"] = DEFAULT_OPTIONS.get("scoring", "bt")
     swap: bool = bool(DEFAULT_OPTIONS.get("swap", False))
     """Ask every comparison in both orders; inconsistent pairs count as ties."""
@@ -214,7 +214,7 @@ def _sampled(seed: int, fraction: float) -> bool:
 
 def _ranks(scores: Sequence[float]) -> list[float]:
     """Each score's rank scaled to [0, 1] (1 = best), ties sharing their mean rank (scores
-    equal to :data:`~verifiers.judge.ratings.SCORE_DIGITS` decimals are ties)."""
+    equal to :data:`~rewardd.verifiers.judge.ratings.SCORE_DIGITS` decimals are ties)."""
     if len(scores) == 1:
         return [1.0]
     return [rank / (len(scores) - 1) for rank in average_ranks([rank_key(s) for s in scores])]

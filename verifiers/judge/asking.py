@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Sequence, TypeVar
 
-from verifiers.base import FailureKind
-from verifiers.judge.backend import ChatBackend, ChatReply, ChatRequest, Usage
-from verifiers.judge.templates import Unparseable, looks_like_refusal
+from rewardd.verifiers.base import FailureKind
+from rewardd.verifiers.judge.backend import ChatBackend, ChatReply, ChatRequest, Usage
+from rewardd.verifiers.judge.templates import Unparseable, looks_like_refusal
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ def ask_all(backend: ChatBackend, requests: Sequence[ChatRequest],
     """One :class:`Answer` or :class:`JudgeFailure` per request, in order.
 
     ``parse(index, text)`` reads the verdict of request ``index`` or raises
-    :class:`~verifiers.judge.templates.Unparseable`. Unparseable answers and refusals are asked
+    :class:`~rewardd.verifiers.judge.templates.Unparseable`. Unparseable answers and refusals are asked
     again up to ``retries`` times (all pending ones in one batch per attempt); a request the
     backend could not answer (it retried transport errors itself) fails at once. ``usage``
     counts every attempt: one Usage for all, or a function giving request ``index``'s."""

@@ -2,8 +2,8 @@
 
 A backend answers a *batch* of chat requests at once, because a judge verifier always has many
 (every rollout of a group, every criterion, every pair of a tournament) and the backend knows
-best how to run them: concurrently over HTTP (:mod:`verifiers.judge.openai`), or as one padded
-batch through a local model (:mod:`verifiers.judge.local`). Calls are synchronous: verifiers
+best how to run them: concurrently over HTTP (:mod:`rewardd.verifiers.judge.openai`), or as one padded
+batch through a local model (:mod:`rewardd.verifiers.judge.local`). Calls are synchronous: verifiers
 run in worker processes that have no event loop of their own.
 
 A failed request is a :class:`JudgeUnavailable` in its slot, never an exception for the whole

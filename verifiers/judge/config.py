@@ -32,9 +32,9 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from verifiers.judge.backend import ChatBackend
-from verifiers.judge.fleet import state_url
-from verifiers.judge.openai_compat import (DEFAULT_MAX_CONCURRENCY, OpenAIChatBackend,
+from rewardd.verifiers.judge.backend import ChatBackend
+from rewardd.verifiers.judge.fleet import state_url
+from rewardd.verifiers.judge.openai_compat import (DEFAULT_MAX_CONCURRENCY, OpenAIChatBackend,
                                            OpenAIConfig)
 
 DEFAULT_BACKEND = "default"
@@ -149,7 +149,7 @@ def resolve_backend(override: BackendOverride | None,
 def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBackend:
     kind = raw.pop("kind", "openai")
     if kind == "transformers":
-        from verifiers.judge.local import TransformersChatBackend
+        from rewardd.verifiers.judge.local import TransformersChatBackend
 
         allowed = {"model", "device", "dtype", "batch_size"}
         unknown = set(raw) - allowed

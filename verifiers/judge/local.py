@@ -2,14 +2,14 @@
 
 A ``gpu`` worker hosts a model the way this module does: loaded once per worker process (the
 first call pays for it, every later call and every backend instance reuses it), requests run
-as padded batches. The cache is shared with :mod:`verifiers.judge.reward_model`.
+as padded batches. The cache is shared with :mod:`rewardd.verifiers.judge.reward_model`.
 
 torch and transformers are imported inside functions only: CPU-only workers import the
 verifier registry, which imports this module, and must not pay for (or need) torch there.
 
 Why a hand-written generation loop around ``model.generate`` rather than transformers'
 ``pipeline("text-generation")``: the judge needs, per request, the prompt and completion token
-counts and the finish reason (for :class:`~verifiers.judge.backend.Usage` and for telling a
+counts and the finish reason (for :class:`~rewardd.verifiers.judge.backend.Usage` and for telling a
 cut-off verdict from a finished one), a per-request seed whose draws do not depend on which
 other requests share the batch, and control over batch composition (requests grouped by
 ``max_tokens``, sorted by length). The pipeline returns only text, samples from the global
@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
+from rewardd.verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
                                      JudgeUnavailable)
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]

@@ -27,10 +27,10 @@ from typing import Annotated, Any, Coroutine, Sequence
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
+from rewardd.verifiers.judge.backend import (ChatBackend, ChatReply, ChatRequest, ChatResult,
                                      JudgeUnavailable)
-from verifiers.judge.fleet import FleetSlots, new_lease_token
-from verifiers.judge.shared_cache import DEFAULT_TTL_S, SharedReplyCache
+from rewardd.verifiers.judge.fleet import FleetSlots, new_lease_token
+from rewardd.verifiers.judge.shared_cache import DEFAULT_TTL_S, SharedReplyCache
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Worth another try: rate limits, overload and gateway errors. Any other 4xx means the
@@ -63,9 +63,9 @@ class OpenAIConfig:
     overrides cannot multiply what the operator allowed; None: only ``max_concurrency``."""
     fleet_max_concurrency: Annotated[int, Field(ge=1)] | None = None
     """Requests in flight at once from every process together (Redis leases,
-    :mod:`verifiers.judge.fleet`); None: no fleet-wide bound."""
+    :mod:`rewardd.verifiers.judge.fleet`); None: no fleet-wide bound."""
     state_url: str | None = None
-    """Redis for the fleet bound (see :func:`verifiers.judge.fleet.state_url`)."""
+    """Redis for the fleet bound (see :func:`rewardd.verifiers.judge.fleet.state_url`)."""
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     max_retries: Annotated[int, Field(ge=0, le=20)] = 4
     cost_per_1k_prompt: Annotated[float, Field(ge=0)] = 0.0
@@ -73,7 +73,7 @@ class OpenAIConfig:
     cache: bool = True
     """Answer equal requests from the caches (this process's, and the shared one if set)."""
     shared_cache_url: str | None = None
-    """Redis for replies shared by every process (:mod:`verifiers.judge.shared_cache`)."""
+    """Redis for replies shared by every process (:mod:`rewardd.verifiers.judge.shared_cache`)."""
     shared_cache_ttl_s: Annotated[float, Field(gt=0)] = DEFAULT_TTL_S
 
 

@@ -1,7 +1,7 @@
 """Ratings from recorded comparisons: Bradley-Terry, win rate and Elo; and rank agreement.
 
 Each function maps (players, matches, seed) to one score per player, higher is better; the
-tournament (:mod:`verifiers.judge.tournament`) fits the one its caller names.
+tournament (:mod:`rewardd.verifiers.judge.tournament`) fits the one its caller names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from verifiers.judge.games import Match, Verdict
+from rewardd.verifiers.judge.games import Match, Verdict
 
 BT_PRIOR = 1.0
 """Bradley-Terry regularisation: every rollout plays this many virtual games against an

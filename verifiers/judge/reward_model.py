@@ -3,7 +3,7 @@
 Two ways to reach the model, the same scores from both:
 
 * ``model``: a local Hugging Face directory, loaded once per worker process through the cache
-  of :mod:`verifiers.judge.local` and run in padded batches (a ``gpu`` worker's job);
+  of :mod:`rewardd.verifiers.judge.local` and run in padded batches (a ``gpu`` worker's job);
 * ``endpoint``: a vLLM server's ``/classify`` API (any worker; texts are rendered here).
 
 How the score is read. A decoder reward model (Llama, Qwen, Mistral, Gemma, GPT-2 ...
@@ -35,10 +35,10 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from verifiers.base import (REWARD_BOUND, FailureKind, GroupContext, Outcome, RewardValue,
+from rewardd.verifiers.base import (REWARD_BOUND, FailureKind, GroupContext, Outcome, RewardValue,
                             Sample, GroupVerifier, VerifierParams)
-from verifiers.judge.config import JudgeConfigError, check_endpoint, check_model_path
-from verifiers.judge.local import Dtype, LoadedModel, ModelLoadError, load_model
+from rewardd.verifiers.judge.config import JudgeConfigError, check_endpoint, check_model_path
+from rewardd.verifiers.judge.local import Dtype, LoadedModel, ModelLoadError, load_model
 
 
 class RewardModelParams(VerifierParams):

@@ -19,7 +19,7 @@ criterion's verdict in ``detail``; never a partial score.
 
 Rubric dropout (``dropout: p``): for training requests a seeded random fraction p of the
 criteria is dropped per group per step, the same subset for every rollout of the group
-(:func:`verifiers.dropout.rubric_keep_mask`), so the policy cannot learn to satisfy one fixed
+(:func:`rewardd.verifiers.dropout.rubric_keep_mask`), so the policy cannot learn to satisfy one fixed
 list; evaluation requests (``"evaluation": true``) always grade the full rubric.
 """
 
@@ -29,17 +29,17 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
+from rewardd.verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
                             GroupVerifier, VerifierParams)
-from verifiers.dropout import rubric_keep_mask
-from verifiers.judge.asking import Answer, JudgeFailure, ask_all
-from verifiers.judge.backend import ChatRequest, Usage
-from verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
-from verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, as_bool,
+from rewardd.verifiers.dropout import rubric_keep_mask
+from rewardd.verifiers.judge.asking import Answer, JudgeFailure, ask_all
+from rewardd.verifiers.judge.backend import ChatRequest, Usage
+from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
+from rewardd.verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, as_bool,
                                        check_pattern, check_template, parse_criteria,
                                        parse_criterion, parse_with_pattern, reference_text,
                                        render)
-from verifiers.text import truncate
+from rewardd.verifiers.text import truncate
 
 KINDS_BY_PRIORITY = (FailureKind.judge_unavailable, FailureKind.judge_refused,
                      FailureKind.judge_unparseable)

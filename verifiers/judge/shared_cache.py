@@ -1,6 +1,6 @@
 """Judge replies cached in Redis, shared by every worker process (``REWARDD_JUDGE_CACHE_URL``).
 
-Why beside the per-process cache of :mod:`verifiers.judge.openai_compat`: that one only
+Why beside the per-process cache of :mod:`rewardd.verifiers.judge.openai_compat`: that one only
 helps the process that sees a request twice. A batch the trainer sends again after a client
 timeout, an evaluation run repeated on the same checkpoint, or an arena's agreement round on
 another worker lands on other processes, and the judge would be asked, and paid, again.
@@ -21,8 +21,8 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 
-from verifiers.judge.backend import ChatReply
-from verifiers.judge.fleet import check_redis_url
+from rewardd.verifiers.judge.backend import ChatReply
+from rewardd.verifiers.judge.fleet import check_redis_url
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ With ``swap=True`` every comparison is asked in both orders in the same round, w
 the judge's position bias: an LLM judge prefers the answer shown first often enough that its
 verdict flips on about one pair in eight when the two answers swap.
 
-The verdicts and recorded comparisons are :mod:`verifiers.judge.games`, the score fits
-:mod:`verifiers.judge.ratings`. Simulated accuracy and cost of each scheme:
+The verdicts and recorded comparisons are :mod:`rewardd.verifiers.judge.games`, the score fits
+:mod:`rewardd.verifiers.judge.ratings`. Simulated accuracy and cost of each scheme:
 ``tests/benchmarks/bench_arena.py``.
 """
 
@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from verifiers.judge.games import JudgeRound, Match, merge_orders
-from verifiers.judge.ratings import SCORINGS, average_ranks, rank_key
+from rewardd.verifiers.judge.games import JudgeRound, Match, merge_orders
+from rewardd.verifiers.judge.ratings import SCORINGS, average_ranks, rank_key
 
 DEFAULT_SCHEME = "swiss"
 DEFAULT_OPTIONS: dict[str, Any] = {"scoring": "bt", "swap": False, "calls": 60}

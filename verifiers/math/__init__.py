@@ -1,10 +1,10 @@
 """The ``math`` verifier: is the model's final answer mathematically equal to the reference?
 
-Pipeline: :mod:`~verifiers.math.extract` finds the answer in the completion (a documented
-priority order, reported as ``detail.rule``); :mod:`~verifiers.math.normalize` gives each
-notation one spelling; :mod:`~verifiers.math.answer` parses structure by hand and leaves with
-the exact number reader or latex2sympy2_extended; :mod:`~verifiers.math.guards` keeps huge
-numbers away from exact arithmetic; :mod:`~verifiers.math.compare` decides equivalence and
+Pipeline: :mod:`~rewardd.verifiers.math.extract` finds the answer in the completion (a documented
+priority order, reported as ``detail.rule``); :mod:`~rewardd.verifiers.math.normalize` gives each
+notation one spelling; :mod:`~rewardd.verifiers.math.answer` parses structure by hand and leaves with
+the exact number reader or latex2sympy2_extended; :mod:`~rewardd.verifiers.math.guards` keeps huge
+numbers away from exact arithmetic; :mod:`~rewardd.verifiers.math.compare` decides equivalence and
 names the rule (``detail.decided_by``). Why not math-verify: it rounds floats to a fixed number
 of decimal places (so ``2^{-99}`` equals ``2^{-98}``), its signal-based timeouts fail outside
 the main thread and cannot stop big-integer arithmetic, and it reads plain-text equations
@@ -36,6 +36,6 @@ Conventions (defaults: ``mode="lenient"``):
 
 from __future__ import annotations
 
-from verifiers.math.verifier import MathParams, MathVerifier, clear_caches
+from rewardd.verifiers.math.verifier import MathParams, MathVerifier, clear_caches
 
 __all__ = ["MathParams", "MathVerifier", "clear_caches"]

@@ -4,9 +4,9 @@ The structure (sets, tuples, intervals, unions, matrices, bare lists of answers)
 by bracket matching, rather than by latex2sympy2_extended, because the grammar must make
 choices a grader should not make silently: ``(1,2)`` is both a point and an open interval, a
 bare ``1, 2`` is a list of solutions in any order, ``1,000`` is a number. Leaves go to the
-exact number reader (:mod:`verifiers.math.numbers`) and otherwise to latex2sympy2_extended,
+exact number reader (:mod:`rewardd.verifiers.math.numbers`) and otherwise to latex2sympy2_extended,
 the library that does LaTeX -> sympy well; plain text goes through the same LaTeX parser after
-:mod:`verifiers.math.normalize`, never through ``sympy.parse_expr`` (which ``eval``s its input).
+:mod:`rewardd.verifiers.math.normalize`, never through ``sympy.parse_expr`` (which ``eval``s its input).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Literal, Union
 
 import sympy
 
-from verifiers.math.normalize import Annotations, clean, matching_close, split_annotations, strip_outer
-from verifiers.math.numbers import Number, arithmetic, parse_number
+from rewardd.verifiers.math.normalize import Annotations, clean, matching_close, split_annotations, strip_outer
+from rewardd.verifiers.math.numbers import Number, arithmetic, parse_number
 
 MAX_SYMPY_CHARS = 2_000
 """Longest leaf handed to the LaTeX grammar; longer leaves are unparseable (size guard: the

@@ -1,6 +1,6 @@
 """Equivalence of two parsed answers, with the rule that decided.
 
-The rules, in the order they are tried (the module docstring of :mod:`verifiers.math` lists
+The rules, in the order they are tried (the module docstring of :mod:`rewardd.verifiers.math` lists
 the user-facing conventions):
 
 * **exact**: exact rational values compare exactly; integers never get a tolerance, and
@@ -17,7 +17,7 @@ the user-facing conventions):
   inequalities are equal when one side-difference is a constant multiple of the other
   (positive for inequalities).
 * **size_guard**: values too big to compute are compared structurally (see
-  :mod:`verifiers.math.guards`).
+  :mod:`rewardd.verifiers.math.guards`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import mpmath
 import sympy
 from sympy.core.relational import Relational
 
-from verifiers.math.answer import (Collection, ExprLeaf, Interval, Matrix, Node, NumberLeaf,
+from rewardd.verifiers.math.answer import (Collection, ExprLeaf, Interval, Matrix, Node, NumberLeaf,
                                    TextLeaf, Union_)
-from verifiers.math.guards import fold
-from verifiers.math.normalize import Annotations
-from verifiers.math.numbers import Number
+from rewardd.verifiers.math.guards import fold
+from rewardd.verifiers.math.normalize import Annotations
+from rewardd.verifiers.math.numbers import Number
 
 Verdict = tuple[bool, str]
 PercentMode = Literal["either", "fraction", "number"]

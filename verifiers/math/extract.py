@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from verifiers.text import find_last_boxed
+from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
                "last_number", "whole",

@@ -4,10 +4,10 @@ Most math answers are plain numbers (``42``, ``-3/4``, ``\\frac{9}{7}``, ``2.50`
 ``1.5\\times10^{3}``, ``3\\frac12``). Reading them with ``fractions.Fraction`` and
 ``decimal.Decimal`` is exact, has no digit limit (Python's ``int(str)`` refuses more than
 4300 digits) and costs microseconds instead of a LaTeX grammar's milliseconds. Anything this
-module does not recognise goes to the sympy path in :mod:`verifiers.math.answer`.
+module does not recognise goes to the sympy path in :mod:`rewardd.verifiers.math.answer`.
 
 A decimal literal remembers how it was written (decimal places, significant digits): the
-rounding rule in :mod:`verifiers.math.compare` needs it to decide whether ``3.142`` is ``\\pi``
+rounding rule in :mod:`rewardd.verifiers.math.compare` needs it to decide whether ``3.142`` is ``\\pi``
 rounded or a different number.
 """
 

@@ -15,10 +15,10 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field
 
-from verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
-from verifiers.math.answer import Node, Unparseable, describe, parse
-from verifiers.math.compare import Options, PercentMode, equivalent
-from verifiers.math.extract import choice_letter, clean_answer, extract_answer, extract_choice
+from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
+from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
+from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
+from rewardd.verifiers.math.extract import choice_letter, clean_answer, extract_answer, extract_choice
 
 _CACHE_SIZE = 8192
 _CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$")

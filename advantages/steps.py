@@ -14,12 +14,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.outcome import GrpoParams, grpo
-from service.advantages.profiles import Pins
-from service.errors import invalid
-from service.advantages.registry import register
-from service.advantages.routing import (Spans, discounted_suffix_sum, relative, spans_of,
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.outcome import GrpoParams, grpo
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.errors import invalid
+from rewardd.advantages.registry import register
+from rewardd.advantages.routing import (Spans, discounted_suffix_sum, relative, spans_of,
                                         spread_to_tokens)
 
 

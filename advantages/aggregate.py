@@ -20,12 +20,12 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import batch_whiten, group_sum, whiten_rollouts_over_tokens
-from service.advantages.profiles import Pins
-from service.errors import invalid
-from service.advantages.registry import EstimatorParams, register
-from service.models import FiniteFloat
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import batch_whiten, group_sum, whiten_rollouts_over_tokens
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.errors import invalid
+from rewardd.advantages.registry import EstimatorParams, register
+from rewardd.advantages.models import FiniteFloat
 
 Estimate = Callable[[AdvantageBatch], Advantages]
 

@@ -32,10 +32,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import batch_whiten, whiten_rollouts_over_tokens
-from service.advantages.profiles import Pins
-from service.advantages.registry import EstimatorParams, register
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import batch_whiten, whiten_rollouts_over_tokens
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.registry import EstimatorParams, register
 
 
 SCAN_BLOCK = 64

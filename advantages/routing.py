@@ -26,13 +26,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import GroupStats, group_stats
-from service.advantages.outcome import GrpoParams, dr_grpo, grpo
-from service.advantages.profiles import Pins
-from service.errors import invalid
-from service.advantages.registry import EstimatorParams, register
-from service.models import Name
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import GroupStats, group_stats
+from rewardd.advantages.outcome import GrpoParams, dr_grpo, grpo
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.errors import invalid
+from rewardd.advantages.registry import EstimatorParams, register
+from rewardd.advantages.models import Name
 
 Base = Literal["grpo", "dr_grpo"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch
-from service.advantages.profiles import Pins, Whitening
+from rewardd.advantages.batch import AdvantageBatch
+from rewardd.advantages.profiles import Pins, Whitening
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ def _scale(var: Tensor, how: Whitening) -> Tensor:
 
 def whiten(values: Tensor, mask: Tensor, how: Whitening, *, shift_mean: bool = True) -> Tensor:
     """Batch whitening over the entries where ``mask`` is True (others come back +0.0), with
-    one trainer's formula (see :class:`~service.advantages.profiles.Whitening`). With
+    one trainer's formula (see :class:`~rewardd.advantages.profiles.Whitening`). With
     ``shift_mean`` False the mean is added back.
 
     Two passes over the values (one fused variance-and-mean, one scale), plus a compaction

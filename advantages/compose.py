@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.profiles import pins_for
-from service.advantages.registry import Entry, get_entry
-from service.models import AdvantageSpec
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.profiles import pins_for
+from rewardd.advantages.registry import Entry, get_entry
+from rewardd.advantages.models import AdvantageSpec
 
 
 @dataclass

@@ -14,14 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from service.models import Group, Rollout
-    from service.runstate import RunScope
+    from rewardd.advantages.models import Group, Rollout
+
+
+class RunState(Protocol):
+    """One run's persistent state as stateful entries see it (ha_dw anchors, UCB counts): the
+    service passes its run store's scope; writes are kept only once the response is complete."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def put(self, key: str, value: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class AdvantageBatch:
     token_ids: Tensor | None = None  # int64 [N]
     rollouts: Sequence[Rollout] = ()
     groups: Sequence[Group] = ()
-    run: RunScope | None = None
+    run: RunState | None = None
 
     # ---- derived layout ---------------------------------------------------------------
 

@@ -19,10 +19,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import group_stats, group_sum
-from service.advantages.profiles import Pins
-from service.advantages.registry import EstimatorParams, register
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import group_stats, group_sum
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.registry import EstimatorParams, register
 
 UCB_STATE_KEY = "ucb_curriculum"
 

@@ -17,11 +17,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import group_stats
-from service.advantages.outcome import GrpoParams, grpo
-from service.advantages.profiles import Pins
-from service.advantages.registry import register
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import group_stats
+from rewardd.advantages.outcome import GrpoParams, grpo
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.registry import register
 
 
 def _dense_ids(values: Tensor) -> Tensor:

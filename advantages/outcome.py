@@ -17,12 +17,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import (GroupStats, batch_whiten, group_stats, group_sum,
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import (GroupStats, batch_whiten, group_stats, group_sum,
                                        whiten_rollouts_over_tokens)
-from service.advantages.profiles import Pins
-from service.advantages.registry import EstimatorParams, register
-from service.advantages.returns import whitened
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.registry import EstimatorParams, register
+from rewardd.advantages.returns import whitened
 
 
 def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,

@@ -10,21 +10,21 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from service.advantages import aggregate as _aggregate  # noqa: F401  (registers entries)
-from service.advantages import filters as _filters  # noqa: F401
-from service.advantages import outcome as _outcome  # noqa: F401
-from service.advantages import returns as _returns  # noqa: F401
-from service.advantages import reweight as _reweight  # noqa: F401
-from service.advantages import routing as _routing  # noqa: F401
-from service.advantages import steps as _steps  # noqa: F401
-from service.advantages import transforms as _transforms  # noqa: F401
-from service.advantages import tree as _tree  # noqa: F401
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.compose import Composed, run_stages
-from service.advantages.encode import decode_rle, encode
-from service.advantages.groups import group_stats
-from service.advantages.profiles import PROFILES, Pins, pins_for
-from service.advantages.registry import (ENTRIES, ESTIMATORS, Entry, get_entry,
+from rewardd.advantages import aggregate as _aggregate  # noqa: F401  (registers entries)
+from rewardd.advantages import filters as _filters  # noqa: F401
+from rewardd.advantages import outcome as _outcome  # noqa: F401
+from rewardd.advantages import returns as _returns  # noqa: F401
+from rewardd.advantages import reweight as _reweight  # noqa: F401
+from rewardd.advantages import routing as _routing  # noqa: F401
+from rewardd.advantages import steps as _steps  # noqa: F401
+from rewardd.advantages import transforms as _transforms  # noqa: F401
+from rewardd.advantages import tree as _tree  # noqa: F401
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.compose import Composed, run_stages
+from rewardd.advantages.encode import decode_rle, encode
+from rewardd.advantages.groups import group_stats
+from rewardd.advantages.profiles import PROFILES, Pins, pins_for
+from rewardd.advantages.registry import (ENTRIES, ESTIMATORS, Entry, get_entry,
                                          get_estimator, names_of)
 
 

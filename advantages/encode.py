@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.batch import AdvantageBatch, Advantages
 
 
 class NotConstant(ValueError):

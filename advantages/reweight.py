@@ -21,12 +21,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch, Advantages
-from service.advantages.groups import group_sum
-from service.advantages.profiles import Pins
-from service.errors import RequestInvalid, error
-from service.advantages.registry import EstimatorParams, register
-from service.advantages.transforms import group_ranks
+from rewardd.advantages.batch import AdvantageBatch, Advantages
+from rewardd.advantages.groups import group_sum
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.advantages.registry import EstimatorParams, register
+from rewardd.advantages.transforms import group_ranks
 
 
 class ThresholdParams(EstimatorParams):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Mapping
 
-from service.models import Profile
+from rewardd.advantages.models import Profile
 
 SingletonRule = Literal["zero", "mean0_std1"]
 

@@ -19,22 +19,21 @@ skipped (a delta is taken between consecutive rewarded steps).
 before the judge folds the satisfied criteria into a score; by the time rewards reach this
 stage they are a scalar or named components, which are not criteria in general, so no
 rewrite of them would be rubric dropout. The judge calls
-:func:`verifiers.dropout.rubric_keep_mask` instead (re-exported here): the seeded,
+:func:`rewardd.verifiers.dropout.rubric_keep_mask` instead (not imported here: the advantage
+library needs nothing of the verifiers): the seeded,
 group-shared choice of criteria, stdlib only, where the judge can import it without torch;
 evaluation requests pass ``p=0``.
 """
 
 from __future__ import annotations
 
-
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service.advantages.batch import AdvantageBatch
-from service.advantages.profiles import Pins
-from service.advantages.registry import EstimatorParams, register
-from verifiers.dropout import rubric_keep_mask  # noqa: F401  (the judge's hook, re-exported)
+from rewardd.advantages.batch import AdvantageBatch
+from rewardd.advantages.profiles import Pins
+from rewardd.advantages.registry import EstimatorParams, register
 
 # ---- ranks within groups (shared with gagar in reweight.py) --------------------------------
 

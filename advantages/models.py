@@ -1,0 +1,163 @@
+"""The advantage library's inputs as pydantic models: rollout groups and the advantage spec.
+
+They are the v1 contract's own models (``rewardd.service.models`` re-exports them), defined
+here, below the service, so that a trainer computing advantages in process validates exactly
+what the server validates. Field rules that span fields (per-token lengths, span ranges)
+live in :mod:`rewardd.advantages.checks`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REWARD_BOUND = 1e12
+"""Largest reward magnitude accepted (precomputed values, fallbacks); the verifiers' own
+``REWARD_BOUND`` is the same number (a test keeps them equal: the two pure libraries import
+nothing of each other)."""
+
+RewardValue = Annotated[float, Field(allow_inf_nan=False, ge=-REWARD_BOUND, le=REWARD_BOUND)]
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that must be finite: NaN or infinity is a 422, never a silent number."""
+
+Weight = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
+"""A component weight; bounded so weighted sums of bounded rewards stay finite."""
+
+MAX_TOKENS_PER_ROLLOUT = 1 << 24
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class Contract(BaseModel):
+    """Base of request models: unknown fields are rejected so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Segment(Contract):
+    """A labelled token span of one rollout (for example ``think`` or ``answer``); end exclusive."""
+
+    label: Name = Field(description="Segment label that reward components can be routed to.")
+    start: int = Field(ge=0, description="First token index of the span.")
+    end: int = Field(ge=0, description="One past the last token index of the span.")
+
+
+class Turn(Contract):
+    """A token span of one turn of a multi-turn rollout; end exclusive."""
+
+    start: int = Field(ge=0, description="First token index of the turn.")
+    end: int = Field(ge=0, description="One past the last token index of the turn.")
+    reward: RewardValue | None = Field(None, description="Per-turn reward, for turn-level credit.")
+    signal: FiniteFloat | None = Field(
+        None, description="Per-turn external signal h (hindsight/teacher), for modulate.")
+
+
+class Step(Contract):
+    """One agent step of a rollout (a token span) for step-level credit assignment."""
+
+    start: int = Field(ge=0, description="First token index of the step.")
+    end: int = Field(ge=0, description="One past the last token index of the step.")
+    key: str | None = Field(None, description="Anchor-state key: steps of a group with the "
+                            "same key form a step group (gigpo).")
+    embedding: list[FiniteFloat] | None = Field(
+        None, description="State embedding; steps are grouped by cosine similarity (bipace).")
+    reward: RewardValue | None = Field(None, description="Step (process) reward.")
+
+
+class Rollout(Contract):
+    """One completion of a group's prompt, with what verifiers and estimators need."""
+
+    rollout_id: Name = Field(description="Unique within the request; echoed in the response.")
+    completion: str | None = Field(None, description="Text the verifiers judge.")
+    num_tokens: int | None = Field(
+        None, ge=0, le=MAX_TOKENS_PER_ROLLOUT, description="Response length in tokens; needed for dense and rle advantages. "
+        "Defaults to len(token_ids).")
+    token_ids: list[int] | None = Field(None, description="Response token ids (num_tokens entries).")
+    mask: list[int] | None = Field(
+        None, description="0/1 per token; advantages are exactly 0 where it is 0 "
+        "(tool or observation tokens).")
+    segments: list[Segment] | None = Field(
+        None, description="Labelled, non-overlapping token spans inside [0, num_tokens).")
+    turns: list[Turn] | None = Field(None, description="Turn spans of a multi-turn rollout.")
+    steps: list[Step] | None = Field(None, description="Agent steps, for step-level credit.")
+    token_rewards: list[RewardValue] | None = Field(
+        None, description="Per-token rewards (num_tokens entries).")
+    values: list[FiniteFloat] | None = Field(
+        None, description="Per-token value estimates (num_tokens entries).")
+    kl: list[FiniteFloat] | None = Field(
+        None, description="Per-token KL penalty terms (num_tokens entries), for reinforce_pp.")
+    signal: list[FiniteFloat] | None = Field(
+        None, description="Per-token external signal h (hindsight/teacher), for modulate.")
+    greedy: bool = Field(False, description="The group's greedy rollout (baseline of remax).")
+    label: Name | None = Field(
+        None, description="Intermediate outcome label (strata of outcome_conditioned).")
+    cluster: Name | None = Field(None, description="Strategy cluster (uniqueness).")
+    quality: FiniteFloat | None = Field(None, description="Quality score (gagar).")
+    answer: str | None = Field(None, description="Final answer, for majority votes (glpo).")
+    reward: RewardValue | None = Field(
+        None, description="Precomputed scalar reward; enters the table as the component 'reward'.")
+    rewards: dict[Name, RewardValue | None] | None = Field(
+        None, description="Precomputed reward components by name; null means missing.")
+
+
+class Group(Contract):
+    """One prompt with its N rollouts and the reference the verifiers compare against."""
+
+    group_id: Name = Field(description="Unique within the request; echoed in the response.")
+    prompt: str = Field("", description="The prompt, for verifiers and judges that read it.")
+    reference: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Verifier references: math {'answer': ...}; exact_match {'answer': ...}.")
+    rollouts: list[Rollout] = Field(min_length=1, description="The group's rollouts (N >= 1).")
+    data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
+
+
+class Profile(str, Enum):
+    """Which trainer's numerical conventions to follow (ESTIMATORS.md, conventions table)."""
+
+    rewardd = "rewardd"
+    verl = "verl"
+    trl = "trl"
+    openrlhf = "openrlhf"
+
+
+OutputFormat = Literal["dense", "rle", "scalar", "none"]
+
+
+class Stage(Contract):
+    """One named entry of the advantage catalogue with its parameters."""
+
+    name: str = Field(description="Entry name; see GET /v1/estimators.")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AdvantageSpec(Contract):
+    """How rewards become per-token advantages: transforms -> estimator (or aggregate) ->
+    reweight -> filters, each entry from GET /v1/estimators."""
+
+    estimator: str = Field("grpo", description="Estimator name; see GET /v1/estimators.")
+    profile: Profile = Field(Profile.rewardd, description="Trainer conventions to reproduce.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Estimator parameters.")
+    aggregate: str = Field(
+        "sum", description="Multi-reward aggregation: 'sum' (weighted sum, then the estimator), "
+        "'gdpo', 'sa_mrpo', 'dara' or 'gd2po'.")
+    aggregate_params: dict[str, Any] = Field(default_factory=dict)
+    transforms: list[Stage] = Field(
+        default_factory=list, description="Reward transforms applied in order before the "
+        "estimator (rank, overlong, prm_clip, prm_delta).")
+    reweight: list[Stage] = Field(
+        default_factory=list, description="Reweighting applied in order after the estimator.")
+    filters: list[Stage] = Field(
+        default_factory=list, description="Filters and advice, reported under `advice`; never "
+        "applied to the advantages.")
+    components: bool = Field(
+        False, description="Also return each component's own advantages (scalar per rollout).")
+    output: OutputFormat = Field(
+        "rle", description="dense: floats per token; rle: [[value, length], ...]; "
+        "scalar: one float per rollout; none: no advantages.")
+    weights: dict[Name, Weight] = Field(
+        default_factory=dict,
+        description="Weights of precomputed components sent on rollouts (default 1.0 each).")

@@ -1,0 +1,80 @@
+"""What a verifier worker needs to know: the executors' and the Celery layer's settings.
+
+They live here, below the service, because ``workers/`` runs them without the API (``rewardd
+worker``) and must not import the service: :class:`rewardd.service.settings.Settings`
+extends this class with the API's own knobs, and every process reads one object of it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+class WorkerSettings(BaseSettings):
+    """The knobs of verifier execution, embedded or over Celery. Descriptions double as the
+    CLI help."""
+
+    model_config = SettingsConfigDict(env_prefix="REWARDD_", extra="ignore")
+
+    pool_size: int = Field(
+        default_factory=lambda: max(1, os.cpu_count() or 1),
+        ge=1, description="Verifier worker processes of the embedded executor.")
+    verifier_timeout_s: float = Field(
+        10.0, gt=0, description="Default wall-clock limit of one verifier call, in seconds.")
+    max_verifier_timeout_s: float = Field(
+        120.0, gt=0, description="Upper bound a request may set with a reward's `timeout_s`.")
+    plugins: str = Field(
+        "", description="Comma-separated modules imported by the API and every verifier "
+        "worker; a plugin calls verifiers.register() to add a verifier kind.")
+    log_level: str = Field("info", description="Log level of the server.")
+
+    broker_url: str | None = Field(
+        None, description="Celery broker, e.g. redis://127.0.0.1:6379/0. Unset: verifiers run "
+        "in the embedded process pool and no Redis is needed. Set: the API publishes verifier "
+        "calls to queues served by `rewardd worker` processes.")
+    result_backend: str | None = Field(
+        None, description="Where workers store call results (Redis). Default: the broker URL.")
+    result_ttl_s: int = Field(
+        3600, ge=1, description="Results expire in the result backend this long after they are "
+        "stored, even if nobody reads them (the API deletes those it reads at once).")
+    visibility_timeout_s: float = Field(
+        900.0, gt=0, description="Seconds a delivered, unacknowledged call may run before the "
+        "broker hands it to another worker (how long the loss of a whole worker machine goes "
+        "unnoticed). Groups are split so that no task can outlive it; it must exceed the time "
+        "limit of one sample at REWARDD_MAX_VERIFIER_TIMEOUT_S.")
+    task_max_samples: int = Field(
+        64, ge=1, description="Most samples one Celery task carries: larger groups (or groups "
+        "whose limits add up past the visibility timeout) are split, and small groups are "
+        "packed together up to it when a batch has many more groups than the workers have "
+        "slots.")
+    worker_lost_retries: int = Field(
+        1, ge=0, description="Times a call whose worker process died is sent again before it "
+        "is reported `crashed` (a group: replayed one sample per call).")
+    queue_timeout_s: float = Field(
+        3600.0, gt=0, description="Longest a call may wait in a queue for a worker; later it "
+        "expires unrun and its samples are reported `unavailable`.")
+    queue_routes: str = Field(
+        "", description="Extra verifier-to-queue routes, `name=queue,...` (e.g. "
+        "`my_judge=gpu`); verifiers not named here or built in go to the `cpu` queue.")
+    worker_queues: str = Field(
+        "cpu", description="Comma-separated queues a `rewardd worker` consumes (cpu, sandbox, "
+        "gpu or a custom one).")
+    worker_concurrency: int = Field(
+        default_factory=lambda: max(1, os.cpu_count() or 1), ge=1,
+        description="Prefork child processes of a `rewardd worker` (verifier calls it runs at "
+        "once).")
+
+    @property
+    def plugin_modules(self) -> list[str]:
+        return [name.strip() for name in self.plugins.split(",") if name.strip()]
+
+    @property
+    def result_backend_url(self) -> str | None:
+        """The result backend: REWARDD_RESULT_BACKEND, else the broker."""
+        return self.result_backend or self.broker_url
+
+    @property
+    def worker_queue_names(self) -> list[str]:
+        return [name.strip() for name in self.worker_queues.split(",") if name.strip()]
