@@ -21,28 +21,12 @@ from rewardd.advantages import transforms as _transforms  # noqa: F401
 from rewardd.advantages import tree as _tree  # noqa: F401
 from rewardd.advantages.batch import AdvantageBatch, Advantages
 from rewardd.advantages.compose import Composed, run_stages
+from rewardd.advantages.compute import compute_advantages
 from rewardd.advantages.encode import decode_rle, encode
-from rewardd.advantages.groups import group_stats
+from rewardd.advantages.groups import GroupFlags, describe_groups, group_stats
 from rewardd.advantages.profiles import PROFILES, Pins, pins_for
 from rewardd.advantages.registry import (ENTRIES, ESTIMATORS, Entry, get_entry,
                                          get_estimator, names_of)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupFlags:
-    """Per-group diagnostics computed alongside the advantages."""
-
-    count: Tensor  # float64 [G] included rollouts
-    mean: Tensor  # float64 [G]
-    std: Tensor  # float64 [G] (NaN where fewer than 2 included)
-    zero_spread: Tensor  # bool [G]
-    singleton: Tensor  # bool [G]
-
-
-def describe_groups(batch: AdvantageBatch, pins: Pins) -> GroupFlags:
-    stats = group_stats(batch, ddof=pins.std_ddof)
-    return GroupFlags(count=stats.count, mean=stats.mean, std=stats.std,
-                      zero_spread=stats.zero_spread, singleton=stats.count < 2)
 
 
 def compute(batch: AdvantageBatch, estimator: str, params: dict, profile: str) -> Advantages:
@@ -53,6 +37,6 @@ def compute(batch: AdvantageBatch, estimator: str, params: dict, profile: str) -
 
 
 __all__ = ["ENTRIES", "ESTIMATORS", "PROFILES", "AdvantageBatch", "Advantages", "Composed",
-           "Entry", "GroupFlags", "Pins", "compute", "decode_rle",
+           "Entry", "GroupFlags", "Pins", "compute", "compute_advantages", "decode_rle",
            "describe_groups", "encode", "get_entry", "get_estimator", "names_of", "pins_for",
            "run_stages"]

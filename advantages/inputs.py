@@ -1,4 +1,4 @@
-"""Build the advantage library's flat batch from a validated request and its reward table."""
+"""Build the flat advantage batch from validated rollout groups and their reward table."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from typing import Sequence
 
 import torch
 
-from rewardd.advantages import AdvantageBatch
-from rewardd.service.runstate import RunScope
-from rewardd.service.table import Column, Combined, FlatBatch, component_matrix
-from rewardd.service.validation import resolved_num_tokens
+from rewardd.advantages.batch import AdvantageBatch, RunState
+from rewardd.advantages.checks import resolved_num_tokens
+from rewardd.advantages.table import Column, Combined, FlatBatch, component_matrix
 
 
 def _per_token(flat: FlatBatch, field: str, num_tokens: list[int], fill: float,
@@ -25,7 +24,7 @@ def _per_token(flat: FlatBatch, field: str, num_tokens: list[int], fill: float,
 
 
 def build_batch(flat: FlatBatch, combined: Combined, columns: Sequence[Column],
-                run: RunScope | None = None) -> AdvantageBatch:
+                run: RunState | None = None) -> AdvantageBatch:
     num_tokens = [resolved_num_tokens(r) or 0 for r in flat.rollouts]
     values, present = component_matrix(columns)
     k = len(columns)

@@ -2,6 +2,9 @@
 
 The payload is built as plain dicts, not response models: a dense batch holds millions of
 floats, and numpy arrays go straight to orjson. Tests validate it against ScoreResponse.
+It is the advantage library's, not the service's, so the in-process entry point
+(:func:`rewardd.advantages.compute_advantages`) answers with the server's very numbers; the
+service adds the run store's commit and the metrics around it.
 """
 
 from __future__ import annotations
@@ -11,19 +14,24 @@ from typing import Any, Sequence
 
 import torch
 
-from rewardd import advantages as adv
-from rewardd.service import metrics
+from rewardd.advantages import compose
+from rewardd.advantages.batch import AdvantageBatch, RunState
+from rewardd.advantages.checks import resolved_num_tokens
 from rewardd.advantages.encode import NotConstant, encode, encode_tokens
-from rewardd.service.inputs import build_batch
-from rewardd.service.models import AdvantageSpec, Profile
-from rewardd.service.runstate import RunStore
-from rewardd.service.table import Column, Combined, FlatBatch
-from rewardd.service.validation import RequestInvalid, error, resolved_num_tokens
+from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.advantages.groups import GroupFlags, describe_groups
+from rewardd.advantages.inputs import build_batch
+from rewardd.advantages.models import AdvantageSpec, Profile
+from rewardd.advantages.profiles import pins_for
+from rewardd.advantages.table import Column, Combined, FlatBatch
 
 
-def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Sequence[Column],
-            spec: AdvantageSpec | None, runs: RunStore | None = None) -> dict[str, Any]:
-    run = runs.scope(run_id) if runs is not None and run_id is not None else None
+def build_response(run_id: str | None, flat: FlatBatch, combined: Combined,
+                   columns: Sequence[Column], spec: AdvantageSpec | None,
+                   run: RunState | None = None) -> dict[str, Any]:
+    """The response body for a reward table: advantages per ``spec`` (None: rewards only),
+    each group's diagnostics, the batch summary, advice and report. Stateful entries read
+    and write ``run``; committing its writes is the caller's, once the response is whole."""
     batch = build_batch(flat, combined, columns, run)
     profile = spec.profile if spec is not None else Profile.rewardd
     out: dict[str, Any] = {"run_id": run_id, "estimator": spec.estimator if spec else None,
@@ -31,7 +39,7 @@ def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Se
     encoded = returns = None
     composed = None
     if spec is not None:
-        composed = adv.run_stages(batch, spec)
+        composed = compose.run_stages(batch, spec)
         batch = composed.batch
         try:
             encoded = encode(composed.advantages, batch, spec.output)
@@ -41,24 +49,21 @@ def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Se
         if composed.advantages.returns is not None and spec.output != "none":
             returns = encode_tokens(_masked(composed.advantages.returns, batch), batch,
                                     "dense" if spec.output == "scalar" else spec.output)
-    flags = adv.describe_groups(batch, adv.pins_for(profile))
+    flags = describe_groups(batch, pins_for(profile))
     zero_rollouts = _zero_rollouts(composed, batch)
     out["groups"] = _group_results(flat, combined, flags, encoded, returns, composed,
                                    spec, zero_rollouts)
     out["summary"] = _summary(flat, combined, flags, composed, batch, zero_rollouts)
     out["advice"] = composed.advice if composed else {}
     out["report"] = composed.report if composed else {}
-    if run is not None:
-        run.commit()  # only a complete response changes the run's state
-    metrics.observe_batch(out["summary"])
     return out
 
 
-def _masked(values: torch.Tensor, batch: adv.AdvantageBatch) -> torch.Tensor:
+def _masked(values: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     return torch.where(batch.token_mask, values, torch.zeros_like(values)) + 0.0
 
 
-def _zero_rollouts(composed: adv.Composed | None, batch: adv.AdvantageBatch
+def _zero_rollouts(composed: compose.Composed | None, batch: AdvantageBatch
                    ) -> torch.Tensor | None:
     """bool [R]: rollouts whose advantages are zero on every token."""
     if composed is None:
@@ -79,9 +84,9 @@ def _finite_or_none(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _group_results(flat: FlatBatch, combined: Combined, flags: adv.GroupFlags,
+def _group_results(flat: FlatBatch, combined: Combined, flags: GroupFlags,
                    encoded: list[Any] | None, returns: list[Any] | None,
-                   composed: adv.Composed | None, spec: AdvantageSpec | None,
+                   composed: compose.Composed | None, spec: AdvantageSpec | None,
                    zero_rollouts: torch.Tensor | None) -> list[dict[str, Any]]:
     count, mean, std = flags.count.tolist(), flags.mean.tolist(), flags.std.tolist()
     zero_spread, singleton = flags.zero_spread.tolist(), flags.singleton.tolist()
@@ -120,8 +125,8 @@ def _group_results(flat: FlatBatch, combined: Combined, flags: adv.GroupFlags,
     return out
 
 
-def _summary(flat: FlatBatch, combined: Combined, flags: adv.GroupFlags,
-             composed: adv.Composed | None, batch: adv.AdvantageBatch,
+def _summary(flat: FlatBatch, combined: Combined, flags: GroupFlags,
+             composed: compose.Composed | None, batch: AdvantageBatch,
              zero_rollouts: torch.Tensor | None) -> dict[str, Any]:
     included = torch.tensor([r for r in combined.reward if r is not None], dtype=torch.float64)
     summary: dict[str, Any] = {

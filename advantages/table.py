@@ -1,5 +1,10 @@
 """The reward table: group x rollout x component, each cell a value or a typed failure.
 
+It lives in the advantage library (not the service) so a trainer computing advantages in
+process applies the same failure policy the server does; cells are read through the small
+:class:`Cell` protocol, which the verifiers' ``Outcome`` satisfies, so nothing here imports
+the verifiers.
+
 It is filled from verifier outcomes and from precomputed rewards the rollouts carry, then
 collapsed to one scalar per rollout by the weighted sum. A failed cell never becomes a
 number here: with a component ``fallback`` it takes that value (and says so); without one the
@@ -9,10 +14,51 @@ rollout is excluded, leaving its group's baseline with advantage 0 (documented d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from enum import Enum
+from typing import Any, Protocol, Sequence
 
-from rewardd.service.models import Group, RewardSpec, Rollout
-from rewardd.verifiers.base import FailureKind, Outcome
+from rewardd.advantages.models import Group, Rollout
+
+MISSING = "missing"
+"""The failure kind of a precomputed component a rollout did not send (the verifiers'
+``FailureKind.missing``: one closed set of ``status.<name>.error`` values)."""
+
+
+class Cell(Protocol):
+    """One cell as the table reads it: a verifier's ``Outcome`` or a precomputed :class:`Value`."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def reward(self) -> float | None: ...
+
+    @property
+    def error(self) -> Enum | str | None: ...
+
+    @property
+    def detail(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A precomputed cell: a value the trainer sent, or its absence (a ``missing`` failure)."""
+
+    reward: float | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.reward is not None
+
+    @property
+    def error(self) -> str | None:
+        return None if self.reward is not None else MISSING
+
+
+def failure_kind(cell: Cell) -> str:
+    error = cell.error
+    return error.value if isinstance(error, Enum) else str(error)
 
 
 @dataclass(slots=True)
@@ -22,7 +68,7 @@ class Column:
     name: str
     weight: float
     fallback: float | None
-    cells: list[Outcome]
+    cells: Sequence[Cell]
     echo: bool = True
     """Report ok cells in ``rewards``/``status``. False for values the trainer sent: echoing
     them back adds bytes and no information, so only their failures (missing) are reported."""
@@ -58,13 +104,6 @@ class Combined:
 _OK_STATUS = {"ok": True, "error": None, "detail": {}}
 
 
-def verifier_columns(specs: Sequence[RewardSpec], outcomes: Sequence[Outcome]) -> list[Column]:
-    """Columns from outcomes planned rollout-major (rollout 0's components first)."""
-    k = len(specs)
-    return [Column(s.name, s.weight, s.fallback, list(outcomes[j::k]))
-            for j, s in enumerate(specs)]
-
-
 def precomputed_columns(rollouts: Sequence[Rollout], weights: dict[str, float]) -> list[Column]:
     """Columns from ``reward`` / ``rewards`` sent on rollouts; a value absent on some rollouts
     (or null) is a ``missing`` failure in that cell."""
@@ -79,8 +118,8 @@ def precomputed_columns(rollouts: Sequence[Rollout], weights: dict[str, float]) 
         cells = []
         for r in rollouts:
             value = r.reward if name == "reward" else (r.rewards or {}).get(name)
-            cells.append(Outcome.success(value) if value is not None else Outcome.failure(
-                FailureKind.missing, f"no value for precomputed component {name!r}"))
+            cells.append(Value(value) if value is not None else Value(None, {
+                "message": f"no value for precomputed component {name!r}"}))
         columns.append(Column(name, weights.get(name, 1.0), None, cells, echo=False))
     return columns
 
@@ -104,7 +143,7 @@ def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
                 continue
             out.failed_cells += 1
             used = col.fallback is not None
-            status[col.name] = {"ok": False, "error": cell.error.value, "detail": cell.detail}
+            status[col.name] = {"ok": False, "error": failure_kind(cell), "detail": cell.detail}
             if used:
                 status[col.name]["fallback_used"] = True
             values[col.name] = col.fallback if used else None

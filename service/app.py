@@ -22,12 +22,14 @@ from rewardd.service.limits import Limiter, MemoryLimiter, RedisLimiter, TenantB
 from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from rewardd.service.settings import Settings, get_settings
 from rewardd.service.tenancy import load_keys
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.errors import RequestInvalid
 from rewardd.workers.executor import Executor
 
 DESCRIPTION = ("rewardd verifies and judges rollout groups and returns rewards plus per-token "
                "advantages ready for the policy loss. Bodies are JSON or msgpack "
-               "(Content-Type), responses likewise (Accept: application/msgpack).")
+               "(Content-Type: application/msgpack, application/vnd.msgpack or "
+               "application/x-msgpack), responses likewise (Accept: one of them; the "
+               "response carries the msgpack type asked for).")
 
 
 def load_plugins(settings: Settings) -> None:

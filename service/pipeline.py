@@ -14,11 +14,12 @@ from rewardd.service import metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
                             ScoreRequest)
-from rewardd.service.respond import respond
+from rewardd.service.respond import respond, respond_advantages
 from rewardd.service.runstate import RunStore
 from rewardd.service.settings import Settings
-from rewardd.service.table import Column, FlatBatch, combine, precomputed_columns, verifier_columns
-from rewardd.service.validation import resolved_num_tokens, validate_advantages, validate_score
+from rewardd.advantages.checks import resolved_num_tokens
+from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
+from rewardd.service.validation import validate_score
 from rewardd.verifiers.base import Outcome, Sample
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
                               VerifyCall, keeps_group_whole)
@@ -72,10 +73,18 @@ class BatchContext:
                 "evaluation": self.evaluation}
 
 
+def verifier_columns(specs: Sequence[RewardSpec], outcomes: Sequence[Outcome]) -> list[Column]:
+    """Columns of the reward table from outcomes planned rollout-major (rollout 0's
+    components first)."""
+    k = len(specs)
+    return [Column(s.name, s.weight, s.fallback, list(outcomes[j::k]))
+            for j, s in enumerate(specs)]
+
+
 def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
                   num_specs: int) -> list[Outcome]:
     """The outcomes of :func:`plan`'s calls, rollout-major (rollout 0's components first),
-    the order :func:`~rewardd.service.table.verifier_columns` reads."""
+    the order :func:`verifier_columns` reads."""
     outcomes: list[Outcome] = []
     for start in range(0, len(calls), max(num_specs, 1)):  # no specs: no calls
         group = results[start:start + num_specs]
@@ -184,12 +193,4 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
 def advantages(req: AdvantagesRequest, runs: RunStore | None = None) -> dict[str, Any]:
     """POST /v1/advantages: pure compute from the rewards the rollouts carry."""
     with gc_paused():
-        return _advantages(req, runs)
-
-
-def _advantages(req: AdvantagesRequest, runs: RunStore | None) -> dict[str, Any]:
-    validate_advantages(req)
-    flat = FlatBatch.of(req.groups)
-    columns = precomputed_columns(flat.rollouts, req.advantage.weights)
-    return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
-                   req.advantage, runs)
+        return respond_advantages(req, runs)

@@ -9,7 +9,8 @@ from rewardd.service.api.bodies import body, responses
 from rewardd.service.codec import read_model, render
 from rewardd.service.models import VerifyRequest, VerifyResponse
 from rewardd.service.pipeline import call_timeout, run_calls
-from rewardd.service.validation import check_timeout, raise_if, validate_params
+from rewardd.advantages.checks import raise_if, validate_params
+from rewardd.service.validation import check_timeout
 from rewardd.service.tenancy import AUTH_RESPONSES, current_tenant
 from rewardd.verifiers import Sample, get_verifier
 from rewardd.workers.executor import VerifyCall

@@ -52,7 +52,7 @@ from rewardd.service import pipeline
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore, encode_event
 from rewardd.service.models import RewardSpec, ScoreRequest
-from rewardd.service.table import Column, FlatBatch, combine, precomputed_columns
+from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
 from rewardd.service.tenancy import Tenant
 from rewardd.workers.executor import CallResult
 

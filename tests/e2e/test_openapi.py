@@ -89,11 +89,11 @@ def test_split_examples_match_the_batch_example() -> None:
 
 
 def test_advantages_example_is_valid() -> None:
-    from rewardd.service import pipeline
+    from rewardd.advantages.checks import validate_advantages
 
     request = AdvantagesRequest.model_validate(
         json.loads((EXAMPLES / "advantages.json").read_text()))
-    pipeline.validate_advantages(request)
+    validate_advantages(request)
 
 
 def test_every_v1_route_documents_401_and_scoring_routes_429() -> None:

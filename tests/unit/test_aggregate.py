@@ -26,7 +26,7 @@ from rewardd.advantages.aggregate import gdpo
 from rewardd.advantages.groups import batch_whiten
 from rewardd.service.models import AdvantageSpec, AdvantagesRequest, ScoreResponse
 from rewardd.service.pipeline import advantages as pipeline_advantages
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.errors import RequestInvalid
 
 TIGHT = 1e-12
 EPS = 1e-6  # grpo's epsilon under the rewardd and verl profiles

@@ -22,7 +22,7 @@ from rewardd import advantages as adv
 from rewardd.advantages import AdvantageBatch, compute, decode_rle
 from rewardd.service.models import AdvantagesRequest, ScoreResponse
 from rewardd.service.pipeline import advantages as pipeline_advantages
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.errors import RequestInvalid
 
 PROFILES = ("rewardd", "verl", "trl", "openrlhf")
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")

@@ -18,12 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rewardd.advantages import Advantages, AdvantageBatch, get_entry, pins_for
-from rewardd.service.inputs import build_batch
+from rewardd.advantages.inputs import build_batch
 from rewardd.service.models import AdvantagesRequest
 from rewardd.service.pipeline import advantages as pipeline_advantages
 from rewardd.service.runstate import MemoryRunStore, RunStore
-from rewardd.service.table import FlatBatch, combine, precomputed_columns
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.table import FlatBatch, combine, precomputed_columns
+from rewardd.advantages.errors import RequestInvalid
 from tests.unit.test_estimators import (ESTIMATORS, PROFILES, PROPERTY, assert_valid_response,
                                         run, scalar_groups)
 

@@ -23,7 +23,7 @@ from rewardd.advantages.returns import reverse_scan
 from rewardd.service.api.catalogue import list_estimators
 from rewardd.service.models import AdvantagesRequest, ScoreResponse
 from rewardd.service.pipeline import advantages as pipeline_advantages
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.errors import RequestInvalid
 
 TIGHT = 1e-12
 PROFILES = ("rewardd", "verl", "trl", "openrlhf")

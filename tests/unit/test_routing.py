@@ -24,7 +24,7 @@ from rewardd.advantages.steps import leader_clusters
 from rewardd.advantages.tree import branch_differences
 from rewardd.service.models import AdvantagesRequest, ScoreResponse
 from rewardd.service.pipeline import advantages as pipeline_advantages
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.errors import RequestInvalid
 
 EPS = 1e-6
 TIGHT = 1e-12

@@ -27,14 +27,14 @@ from rewardd.advantages import ENTRIES, AdvantageBatch, Advantages, decode_rle, 
 from rewardd.advantages.reweight import gagar, modulate, uniqueness
 from rewardd.advantages.transforms import group_ranks, overlong, prm_clip, prm_delta, rank
 from rewardd.service.app import create_app
-from rewardd.service.inputs import build_batch
+from rewardd.advantages.inputs import build_batch
 from rewardd.service.models import AdvantagesRequest, ScoreResponse
 from rewardd.verifiers.dropout import rubric_keep_mask
 from rewardd.service.pipeline import advantages as pipeline_advantages
 from rewardd.service.runstate import MemoryRunStore, RunStore
 from rewardd.service.settings import Settings
-from rewardd.service.table import FlatBatch, combine, precomputed_columns
-from rewardd.service.validation import RequestInvalid
+from rewardd.advantages.table import FlatBatch, combine, precomputed_columns
+from rewardd.advantages.errors import RequestInvalid
 from tests.support.executors import RefusingExecutor
 
 TIGHT = 1e-12
