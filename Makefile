@@ -54,11 +54,43 @@ test-trl: install redis
 test-verl: install redis
 	@echo "test-verl: not written yet" >&2; exit 1
 
-test-openrlhf-slime: install redis
-	@echo "test-openrlhf-slime: not written yet" >&2; exit 1
+# OpenRLHF 0.11.2's own reward-function loader and caller (openrlhf.utils.agent, installed
+# --no-deps with the few packages that module imports: its pins want CUDA, deepspeed, ray,
+# vllm); slime does not install from PyPI, so its batched call is replayed in the same venv.
+test-openrlhf-slime: install .venv-openrlhf/.installed
+	REWARDD_OPENRLHF_PYTHON=$(CURDIR)/.venv-openrlhf/bin/python $(PY) -m pytest -m trainers \
+	  tests/trainers/test_openrlhf.py tests/trainers/test_slime.py
 
-test-client-env: install
-	@echo "test-client-env: not written yet" >&2; exit 1
+.venv-openrlhf/.installed: clients/python/pyproject.toml
+	test -x .venv-openrlhf/bin/python || $(PYTHON) -m venv .venv-openrlhf
+	.venv-openrlhf/bin/python -m pip install --quiet --upgrade pip
+	.venv-openrlhf/bin/python -m pip install --quiet torch==2.13.0
+	.venv-openrlhf/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2
+	.venv-openrlhf/bin/python -m pip install --quiet aiohttp sympy pylatexenc transformers==5.15.0
+	.venv-openrlhf/bin/python -m pip install --quiet -e ./clients/python
+	touch $@
+
+# Two fresh environments: rewardd-client alone (no server, no torch), and the server beside
+# the package index's `verifiers` (the RL environments library), imported in one process.
+test-client-env: install .venv-client/light/.installed .venv-client/beside/.installed
+	REWARDD_CLIENT_PYTHON=$(CURDIR)/.venv-client/light/bin/python \
+	REWARDD_BESIDE_PYTHON=$(CURDIR)/.venv-client/beside/bin/python \
+	  $(PY) -m pytest -m trainers tests/trainers/test_client_env.py
+
+# not editable, as a user installs it: reinstalled whenever the client's sources change
+.venv-client/light/.installed: clients/python/pyproject.toml $(wildcard clients/python/rewardd_client/*.py)
+	test -x .venv-client/light/bin/python || $(PYTHON) -m venv .venv-client/light
+	.venv-client/light/bin/python -m pip install --quiet --upgrade pip
+	.venv-client/light/bin/python -m pip install --quiet --force-reinstall --no-deps ./clients/python \
+	  && .venv-client/light/bin/python -m pip install --quiet ./clients/python
+	touch $@
+
+.venv-client/beside/.installed: pyproject.toml clients/python/pyproject.toml
+	test -x .venv-client/beside/bin/python || $(PYTHON) -m venv .venv-client/beside
+	.venv-client/beside/bin/python -m pip install --quiet --upgrade pip
+	.venv-client/beside/bin/python -m pip install --quiet torch==2.13.0
+	.venv-client/beside/bin/python -m pip install --quiet -e ./clients/python -e . verifiers==0.4.0
+	touch $@
 
 # The code verifier's sandbox needs bubblewrap. As root (CI, containers) install it from the
 # system packages; otherwise say what to install (the sandbox tests then fail, never skip).
