@@ -116,3 +116,26 @@ def whiten_rollouts_over_tokens(values: Tensor, counts: Tensor, how: Whitening) 
 def batch_whiten(values: Tensor, mask: Tensor, pins: Pins, entry: str) -> Tensor:
     """Whitening of ``entry`` with the profile's formula for it."""
     return whiten(values, mask, pins.whitening_for(entry))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFlags:
+    """Per-group diagnostics computed alongside the advantages."""
+
+    count: Tensor  # float64 [G] included rollouts
+    mean: Tensor  # float64 [G]
+    std: Tensor  # float64 [G] (NaN where fewer than 2 included)
+    zero_spread: Tensor  # bool [G]
+    singleton: Tensor  # bool [G]: exactly one rollout entered the baseline
+
+
+def describe_groups(batch: AdvantageBatch, pins: Pins) -> GroupFlags:
+    """Per-group count, mean, std and flags of the included rewards.
+
+    ``singleton`` is exactly one included rollout: a lone rollout the profile's singleton rule
+    applies to. A group whose every rollout was excluded (count 0) is not a singleton: it has
+    no baseline at all, which its ``baseline_size`` of 0 and its ``excluded`` list say.
+    """
+    stats = group_stats(batch, ddof=pins.std_ddof)
+    return GroupFlags(count=stats.count, mean=stats.mean, std=stats.std,
+                      zero_spread=stats.zero_spread, singleton=stats.count == 1)

@@ -8,10 +8,11 @@ live in :mod:`rewardd.advantages.checks`.
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 REWARD_BOUND = 1e12
 """Largest reward magnitude accepted (precomputed values, fallbacks); the verifiers' own
@@ -29,6 +30,34 @@ Weight = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 MAX_TOKENS_PER_ROLLOUT = 1 << 24
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+"""Component names, labels, data sources and run ids: strict, since some become keys (a run
+id is part of its run-state key, ``tenant/run``)."""
+
+MAX_ID_LENGTH = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Unicode category Cc: C0 controls, DEL and C1 controls."""
+
+
+def _no_control_characters(value: str) -> str:
+    found = _CONTROL.search(value)
+    if found is not None:
+        raise ValueError(f"control character U+{ord(found.group()):04X} at index "
+                         f"{found.start()} is not allowed in an id")
+    return value
+
+
+Identifier = Annotated[
+    str, Field(min_length=1, max_length=MAX_ID_LENGTH,
+               json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}),
+    AfterValidator(_no_control_characters)]
+"""A group or rollout id as datasets write them (``HumanEval/0``, ``gsm8k/train/17``, spaces,
+any script): 1 to 256 characters, none of them a control character, echoed verbatim.
+
+Why not :data:`Name`: ids come from datasets, and forcing trainers to re-encode them (and map
+them back) is glue every user would write. Ids are never made into keys, labels or paths;
+they travel only as values inside JSON and msgpack (responses, job events, the judges'
+hashed seeds), so no character can collide with a separator. Control characters stay out:
+they break log lines and the text/event-stream framing of a job's events."""
 
 
 class Contract(BaseModel):
@@ -70,7 +99,9 @@ class Step(Contract):
 class Rollout(Contract):
     """One completion of a group's prompt, with what verifiers and estimators need."""
 
-    rollout_id: Name = Field(description="Unique within the request; echoed in the response.")
+    rollout_id: Identifier = Field(
+        description="Unique within the request; echoed verbatim in the response. Any string of "
+        "1 to 256 characters without control characters (e.g. 'HumanEval/0#3').")
     completion: str | None = Field(None, description="Text the verifiers judge.")
     num_tokens: int | None = Field(
         None, ge=0, le=MAX_TOKENS_PER_ROLLOUT, description="Response length in tokens; needed for dense and rle advantages. "
@@ -106,7 +137,9 @@ class Rollout(Contract):
 class Group(Contract):
     """One prompt with its N rollouts and the reference the verifiers compare against."""
 
-    group_id: Name = Field(description="Unique within the request; echoed in the response.")
+    group_id: Identifier = Field(
+        description="Unique within the request; echoed verbatim in the response. Any string of "
+        "1 to 256 characters without control characters (e.g. 'gsm8k/train/17').")
     prompt: str = Field("", description="The prompt, for verifiers and judges that read it.")
     reference: dict[str, Any] = Field(
         default_factory=dict,
@@ -161,3 +194,11 @@ class AdvantageSpec(Contract):
     weights: dict[Name, Weight] = Field(
         default_factory=dict,
         description="Weights of precomputed components sent on rollouts (default 1.0 each).")
+
+
+class AdvantagesRequest(Contract):
+    """Body of POST /v1/advantages: advantages from rewards the rollouts already carry."""
+
+    run_id: Name | None = None
+    groups: list[Group] = Field(min_length=1)
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)

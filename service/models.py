@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rewardd.advantages.models import (MAX_TOKENS_PER_ROLLOUT, AdvantageSpec, Contract,  # noqa: F401
+from rewardd.advantages.models import (MAX_TOKENS_PER_ROLLOUT, AdvantageSpec,  # noqa: F401
+                                       AdvantagesRequest, Contract,
                                        FiniteFloat, Group, Name, OutputFormat, Profile,
                                        RewardValue, Rollout, Segment, Stage, Step, Turn,
                                        Weight)
@@ -59,14 +60,6 @@ class RewardsRequest(Contract):
     evaluation: bool = Field(False, description="An evaluation batch (no rubric dropout).")
     groups: list[Group] = Field(min_length=1)
     rewards: list[RewardSpec] = Field(min_length=1)
-
-
-class AdvantagesRequest(Contract):
-    """Body of POST /v1/advantages: advantages from rewards the rollouts already carry."""
-
-    run_id: Name | None = None
-    groups: list[Group] = Field(min_length=1)
-    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
 
 
 class VerifyRequest(Contract):
@@ -127,8 +120,10 @@ class GroupDiagnostics(BaseModel):
     filtered: bool = Field(
         False, description="A requested filter (dynamic_sampling) marked this group; advice "
         "only: its advantages are unchanged.")
-    singleton: bool = Field(description="Fewer than two rollouts entered the baseline.")
-    baseline_size: int = Field(description="Rollouts that entered the group baseline.")
+    singleton: bool = Field(description="Exactly one rollout entered the baseline (a group "
+                            "whose every rollout was excluded is not a singleton).")
+    baseline_size: int = Field(description="Rollouts that entered the group baseline; 0 when "
+                               "every rollout was excluded (no baseline, all advantages 0).")
     excluded: list[str] = Field(default_factory=list, description="Excluded rollout ids.")
     reward_mean: float | None = None
     reward_std: float | None = None
@@ -146,7 +141,8 @@ class Summary(BaseModel):
     failed_cells: int
     excluded_rollouts: int
     zero_spread_groups: int
-    singleton_groups: int
+    singleton_groups: int = Field(description="Groups with exactly one rollout in the "
+                                  "baseline (groups with none are not counted).")
     zero_advantage_fraction: float | None = Field(
         description="Fraction of rollouts whose advantages are all zero; null without advantages.")
     reward_mean: float | None
