@@ -3,6 +3,12 @@
 Request bodies are read here rather than by FastAPI's body parameters because FastAPI only
 decodes JSON; one reader serves both formats, enforces the body size limit while streaming
 (413 before the whole body is buffered), and hands a dict to the pydantic model.
+
+msgpack goes by three media types: ``application/vnd.msgpack`` (the IANA registration),
+``application/msgpack`` (what most clients send) and ``application/x-msgpack`` (older ones).
+Each is read as a request body, and a response is msgpack when ``Accept`` names one of them
+with a quality at least that of ``application/json``; it carries the type the client named,
+so a client that only knows one of them gets that one back.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from rewardd.service.gcpause import gc_paused
-from rewardd.service.validation import RequestInvalid, pydantic_errors
+from rewardd.advantages.checks import pydantic_errors
+from rewardd.advantages.errors import RequestInvalid
 
 MSGPACK = "application/msgpack"
-MSGPACK_TYPES = {MSGPACK, "application/x-msgpack"}
+VND_MSGPACK = "application/vnd.msgpack"
+MSGPACK_TYPES = (MSGPACK, VND_MSGPACK, "application/x-msgpack")
+"""Every msgpack media type read and answered (the documented ones first)."""
 JSON = "application/json"
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,7 +79,8 @@ def decode(body: bytes, content_type: str) -> Any:
             return json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise BodyError(400, f"body is not valid JSON: {exc}") from None
-    raise BodyError(415, f"unsupported Content-Type {media!r}; send {JSON} or {MSGPACK}")
+    raise BodyError(415, f"unsupported Content-Type {media!r}; send {JSON}, {MSGPACK} or "
+                    f"{VND_MSGPACK}")
 
 
 async def read_model(request: Request, model: type[M]) -> M:
@@ -97,15 +107,46 @@ def _msgpack_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+def _quality(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return min(max(float(value), 0.0), 1.0)
+            except ValueError:
+                return 0.0  # a malformed weight accepts nothing rather than everything
+    return 1.0
+
+
+def msgpack_type(accept: str) -> str | None:
+    """The msgpack media type to answer an ``Accept`` header with, or None for JSON.
+
+    msgpack when a msgpack type is listed with a quality above 0 and not below that of
+    ``application/json``; of several msgpack types, the highest quality, then the first.
+    Wildcards (``*/*``) never choose msgpack: JSON is what a client that names nothing reads.
+    """
+    best, best_q, json_q = None, 0.0, 0.0
+    for item in accept.split(","):
+        media, *params = item.split(";")
+        media, q = media.strip().lower(), _quality(params)
+        if media in MSGPACK_TYPES and q > best_q:
+            best, best_q = media, q
+        elif media == JSON:
+            json_q = max(json_q, q)
+    return best if best is not None and best_q >= json_q else None
+
+
 def wants_msgpack(request: Request) -> bool:
-    return any(t in request.headers.get("accept", "") for t in MSGPACK_TYPES)
+    return msgpack_type(request.headers.get("accept", "")) is not None
 
 
 def render(request: Request, payload: Any, status: int = 200) -> Response:
-    """Serialise ``payload`` as msgpack when the client accepts it, else JSON."""
+    """Serialise ``payload`` as msgpack when the client accepts it (in the msgpack media type
+    it named), else JSON."""
     with gc_paused():
-        if wants_msgpack(request):
+        media = msgpack_type(request.headers.get("accept", ""))
+        if media is not None:
             return Response(msgpack.packb(payload, default=_msgpack_default, use_bin_type=True),
-                            status_code=status, media_type=MSGPACK)
+                            status_code=status, media_type=media)
         return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
                         status_code=status, media_type=JSON)

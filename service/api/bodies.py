@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rewardd.service.codec import JSON, MSGPACK
+from rewardd.service.codec import JSON, MSGPACK, VND_MSGPACK
 from rewardd.service.models import ErrorResponse
 
 
@@ -19,17 +19,22 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
+def msgpack_content(model: type[BaseModel]) -> dict[str, Any]:
+    """``model`` in the documented msgpack media types (``application/x-msgpack`` is read
+    and answered too, but not advertised)."""
+    return {media: {"schema": _ref(model)} for media in (MSGPACK, VND_MSGPACK)}
+
+
 def body(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` for a route whose body is ``model`` in JSON or msgpack."""
-    schema = _ref(model)
     return {"requestBody": {"required": True, "content": {
-        JSON: {"schema": schema}, MSGPACK: {"schema": schema}}}}
+        JSON: {"schema": _ref(model)}, **msgpack_content(model)}}}
 
 
 def responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
     """The 200 body (JSON or msgpack by Accept) and the documented error bodies."""
     return {
-        200: {"model": model, "content": {MSGPACK: {"schema": _ref(model)}}},
+        200: {"model": model, "content": msgpack_content(model)},
         400: {"model": ErrorResponse, "description": "Body is not valid JSON or msgpack."},
         413: {"model": ErrorResponse, "description": "Body over REWARDD_MAX_BODY_BYTES or the tenant's max_body_bytes."},
         415: {"model": ErrorResponse, "description": "Unsupported Content-Type."},

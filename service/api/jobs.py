@@ -56,8 +56,8 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
-from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
-from rewardd.service.codec import MSGPACK, read_model, render, wants_msgpack
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
+from rewardd.service.codec import read_model, render, wants_msgpack
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
@@ -160,8 +160,8 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
 
 
 @router.get("/jobs/{job_id}", response_model=None, summary="Job state, progress and result",
-            responses={200: {"model": JobStatus, "content": {MSGPACK: {"schema": {
-                "$ref": "#/components/schemas/JobStatus"}}}}, **NOT_FOUND})
+            responses={200: {"model": JobStatus, "content": msgpack_content(JobStatus)},
+                       **NOT_FOUND})
 async def status(job_id: str, request: Request,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """The job's state and progress; `result` is the /v1/score response once succeeded."""
