@@ -2,12 +2,26 @@
 
 All lines are validated before any work starts, so a typo on line 9,000 costs seconds, not
 an hour; every error names its line and field. Results stream to the output file in input
-order; a progress bar counts verifier checks (rollout x component) as they finish.
+order.
+
+The progress bar counts rollouts, the unit a user sent (not checks, rollout x component,
+whose total changes with the reward spec), a group's worth at a time as its last check
+settles. It is drawn only where stderr is a terminal (tqdm's ``disable=None``) unless
+``--progress`` forces it, so logs and CI output carry the summary alone.
+
+The summary keeps warm-up apart from throughput: the first run of a command pays the imports
+(torch, the verifiers in the pool's forkserver) and the pool's start, seconds that say
+nothing of how fast scoring is. ``warmup_s`` is that; ``rollouts_per_s`` is rollouts over
+``scoring_s``, measured from the moment every worker answered a ping (and the bar starts)
+to the last result. ``load_s`` (reading and validating) and ``elapsed_s`` (the whole
+command) complete the account.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +36,9 @@ from rewardd.service import pipeline
 from rewardd.service.models import AdvantagesRequest, ScoreRequest
 from rewardd.service.runstate import MemoryRunStore
 from rewardd.service.settings import Settings
-from rewardd.service.validation import (RequestInvalid, pydantic_errors, validate_advantages,
-                                validate_score)
+from rewardd.advantages.checks import pydantic_errors, validate_advantages
+from rewardd.advantages.errors import RequestInvalid
+from rewardd.service.validation import validate_score
 
 
 class BatchInvalid(Exception):
@@ -95,44 +110,103 @@ def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settin
     return jobs
 
 
-async def _run(jobs: list[Job], settings: Settings, bar: tqdm) -> list[dict[str, Any]]:
+WARM_UP_LIMIT_S = 120.0
+"""How long the pool may take to answer its first pings (a cold forkserver imports the
+verifiers); past it, scoring starts anyway and unready workers show as failed cells."""
+
+
+@dataclass(slots=True)
+class Clock:
+    """perf_counter readings of one ``rewardd score`` run, in the order they happen."""
+
+    started: float
+    imported: float = 0.0
+    loaded: float = 0.0
+    ready: float = 0.0
+    scored: float = 0.0
+    written: float = 0.0
+
+    def timings(self) -> dict[str, float]:
+        return {"warmup_s": round((self.imported - self.started) + (self.ready - self.loaded), 3),
+                "load_s": round(self.loaded - self.imported, 3),
+                "scoring_s": round(self.scored - self.ready, 3),
+                "elapsed_s": round(self.written - self.started, 3)}
+
+
+async def _run(jobs: list[Job], settings: Settings, disable: bool | None,
+               clock: Clock) -> list[dict[str, Any]]:
+    """Start the pool and wait for every worker (warm-up), then score every job with the bar
+    running (``disable`` as tqdm takes it), noting both moments on ``clock``."""
     from rewardd.workers.embedded import EmbeddedExecutor
 
     executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
     runs = MemoryRunStore(settings.run_state_ttl_s)  # state lives for this command's run
     try:
+        if any(isinstance(job.request, ScoreRequest) for job in jobs):
+            await asyncio.gather(*(executor.ready(WARM_UP_LIMIT_S)
+                                   for _ in range(settings.pool_size)))
+        clock.ready = time.perf_counter()
         results = []
-        for job in jobs:
-            if isinstance(job.request, ScoreRequest):
-                results.append(await pipeline.score(job.request, executor, settings, bar.update,
-                                                    runs))
-            else:
-                results.append(pipeline.advantages(job.request, runs))
-                bar.update(sum(len(g.rollouts) for g in job.request.groups))
+        with tqdm(total=sum(len(g.rollouts) for j in jobs for g in j.request.groups),
+                  unit="rollout", desc="scoring", disable=disable, file=sys.stderr) as bar:
+            for job in jobs:
+                if isinstance(job.request, ScoreRequest):
+                    results.append(await pipeline.score(
+                        job.request, executor, settings, runs=runs,
+                        on_group=_count_rollouts(bar, job.request)))
+                else:
+                    results.append(pipeline.advantages(job.request, runs))
+                    bar.update(sum(len(g.rollouts) for g in job.request.groups))
+        clock.scored = time.perf_counter()
         return results
     finally:
         executor.close()
 
 
+def _count_rollouts(bar: tqdm, request: ScoreRequest) -> pipeline.GroupCallback:
+    """An ``on_group`` callback moving the bar by a group's rollouts once it is verified."""
+    sizes = [len(group.rollouts) for group in request.groups]
+    return lambda gi, _results: bar.update(sizes[gi])
+
+
+def _import_plugins(modules: list[str]) -> None:
+    """Import verifier plugins here too, not only in the pool: validation must know their
+    verifiers' names and parameters."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BatchInvalid(f"plugin {module!r} (--plugins / REWARDD_PLUGINS) cannot be "
+                               f"imported: {exc}") from None
+
+
 def run_file(source: Path, output: Path, spec_path: Path | None, batch_size: int,
-             settings: Settings, progress: bool = True) -> dict[str, Any]:
-    """Score ``source`` into ``output``; return the summary over all batches."""
-    started = time.perf_counter()
+             settings: Settings, progress: bool | None = None,
+             started: float | None = None) -> dict[str, Any]:
+    """Score ``source`` into ``output``; return the summary over all batches.
+
+    ``progress``: True draws the bar, False never, None only when stderr is a terminal.
+    ``started``: the perf_counter reading when the command began (before its imports), so
+    the imports count as warm-up; defaults to now.
+    """
+    clock = Clock(time.perf_counter() if started is None else started)
     torch.set_num_threads(settings.torch_threads)
+    _import_plugins(settings.plugin_modules)
+    clock.imported = time.perf_counter()
     jobs = load(source, spec_path, batch_size, settings)
-    total = sum(len(g.rollouts) * max(1, len(getattr(j.request, "rewards", ())))
-                for j in jobs for g in j.request.groups)
-    with tqdm(total=total, unit="check", disable=not progress, desc="scoring") as bar:
-        results = asyncio.run(_run(jobs, settings, bar))
+    clock.loaded = time.perf_counter()
+    results = asyncio.run(_run(jobs, settings, None if progress is None else not progress,
+                               clock))
     with output.open("wb") as handle:
         for result in results:
             records = result["groups"] if spec_path is not None else [result]
             for record in records:
                 handle.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-    return summarise(results, time.perf_counter() - started)
+    clock.written = time.perf_counter()
+    return summarise(results, clock)
 
 
-def summarise(results: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
+def summarise(results: list[dict[str, Any]], clock: Clock) -> dict[str, Any]:
     sums = {k: sum(r["summary"][k] for r in results)
             for k in ("rollouts", "groups", "failed_cells", "excluded_rollouts",
                       "zero_spread_groups", "singleton_groups")}
@@ -142,9 +216,11 @@ def summarise(results: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
     weight = sum(n for _, n in rewards)
     zero = [(r["summary"]["zero_advantage_fraction"], r["summary"]["rollouts"]) for r in results
             if r["summary"]["zero_advantage_fraction"] is not None]
+    timings = clock.timings()
     return {"requests": len(results), **sums,
             "reward_mean": sum(m * n for m, n in rewards) / weight if weight else None,
             "zero_advantage_fraction": (sum(f * n for f, n in zero) / sum(n for _, n in zero)
                                         if zero else None),
-            "elapsed_s": round(elapsed, 3),
-            "rollouts_per_s": round(sums["rollouts"] / elapsed, 1) if elapsed else None}
+            **timings,
+            "rollouts_per_s": (round(sums["rollouts"] / timings["scoring_s"], 1)
+                               if timings["scoring_s"] else None)}

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -99,21 +100,27 @@ def worker(**flags: Any) -> None:
               help="JSON with run_id/rewards/advantage: then every input line is one group.")
 @click.option("--batch-size", default=64, show_default=True,
               help="Groups per batch when --spec is given.")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar of rollouts scored. [default: only when stderr is a "
+                   "terminal]")
 @settings_options("pool_size", "verifier_timeout_s", "plugins", "torch_threads")
-def score(source: Path, output: Path, spec: Path | None, batch_size: int, progress: bool,
-          **flags: Any) -> None:
+def score(source: Path, output: Path, spec: Path | None, batch_size: int,
+          progress: bool | None, **flags: Any) -> None:
     """Score SOURCE offline through the same pipeline as POST /v1/score.
 
     Without --spec every line is a full request (a /v1/score body, or a /v1/advantages body
     when it has no "rewards"), and every output line is its response. With --spec every line
     is one group, and every output line is that group's result.
+
+    The summary (on stderr) tells warm-up (imports, pool start) from scoring: rollouts_per_s
+    is over scoring_s only.
     """
+    started = time.perf_counter()  # before the imports: they are warm-up
     from rewardd.service.batch import BatchInvalid, run_file
 
     settings = settings_from(flags)
     try:
-        summary = run_file(source, output, spec, batch_size, settings, progress)
+        summary = run_file(source, output, spec, batch_size, settings, progress, started)
     except BatchInvalid as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
