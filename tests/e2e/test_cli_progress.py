@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_cli import GROUPS, SPEC, read_jsonl, rewardd, summary_of
-from tests.plugins.slow_start import SECONDS as SLOW_IMPORT_S
 from tests.support.server import REPO_ROOT, child_env
 
 pytestmark = pytest.mark.e2e
 
 HANG_GUARD_S = 180
+SLOW_IMPORT_S = 3.0
+"""``tests/plugins/slow_start.py``'s SECONDS (not imported here: importing it sleeps)."""
 
 
 def rewardd_on_a_terminal(*args: str | Path) -> tuple[int, str]:
