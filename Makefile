@@ -51,8 +51,23 @@ test-trainers: test-trl test-verl test-openrlhf-slime test-client-env
 test-trl: install redis
 	@echo "test-trl: not written yet" >&2; exit 1
 
-test-verl: install redis
-	@echo "test-verl: not written yet" >&2; exit 1
+# verl 0.9.1's own reward loading, reward loop and managers, estimator registry and
+# ray_trainer.compute_advantage, on CPU. verl goes in without its dependencies (they pin
+# CUDA-era extras, wandb, tensorboard, hydra); the list is what those modules import, with
+# verl's own bounds on tensordict and transformers.
+test-verl: install redis .venv-verl/.installed
+	REWARDD_VERL_PYTHON=$(CURDIR)/.venv-verl/bin/python $(PY) -m pytest -m trainers tests/trainers/test_verl.py
+
+.venv-verl/.installed: clients/python/pyproject.toml
+	test -x .venv-verl/bin/python || $(PYTHON) -m venv .venv-verl
+	.venv-verl/bin/python -m pip install --quiet --upgrade pip
+	.venv-verl/bin/python -m pip install --quiet torch==2.13.0
+	.venv-verl/bin/python -m pip install --quiet --no-deps verl==0.9.1
+	.venv-verl/bin/python -m pip install --quiet 'tensordict>=0.8,!=0.9.0,<=0.10.0' \
+	  'transformers>=5.5.3,!=5.6.0,<5.11' numpy packaging omegaconf ray aiohttp codetiming \
+	  orjson torchdata datasets pillow peft cachetools fastapi uvicorn
+	.venv-verl/bin/python -m pip install --quiet -e ./clients/python
+	touch $@
 
 # OpenRLHF 0.11.2's own reward-function loader and caller (openrlhf.utils.agent, installed
 # --no-deps with the few packages that module imports: its pins want CUDA, deepspeed, ray,
