@@ -142,6 +142,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
 	$(PY) tests/benchmarks/bench_code.py
 	$(PY) tests/benchmarks/bench_advantages.py
+	$(PY) tests/benchmarks/bench_client.py
 	$(PY) tests/benchmarks/bench_estimators.py
 	$(PY) tests/benchmarks/bench_distributed.py
 	$(PY) tests/benchmarks/bench_arena.py
