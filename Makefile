@@ -48,8 +48,17 @@ $(VLLM_VENV)/.installed:
 # scripts with that environment's python.
 test-trainers: test-trl test-verl test-openrlhf-slime test-client-env
 
-test-trl: install redis
-	@echo "test-trl: not written yet" >&2; exit 1
+# TRL's real GRPOTrainer (2 processes under torchrun, gloo on CPU) with rewardd_client.trl.
+test-trl: install redis .venv-trl/.installed
+	REWARDD_TRL_PYTHON=$(CURDIR)/.venv-trl/bin/python $(PY) -m pytest -m trainers tests/trainers/test_trl.py
+
+.venv-trl/.installed: clients/python/pyproject.toml
+	test -x .venv-trl/bin/python || $(PYTHON) -m venv .venv-trl
+	.venv-trl/bin/python -m pip install --quiet --upgrade pip
+	.venv-trl/bin/python -m pip install --quiet torch==2.13.0
+	.venv-trl/bin/python -m pip install --quiet trl==1.16.0 transformers==5.24.0 accelerate==1.16.0
+	.venv-trl/bin/python -m pip install --quiet -e ./clients/python
+	touch $@
 
 # verl 0.9.1's own reward loading, reward loop and managers, estimator registry and
 # ray_trainer.compute_advantage, on CPU. verl goes in without its dependencies (they pin
