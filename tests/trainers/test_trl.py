@@ -18,6 +18,7 @@ import json
 import math
 import pickle
 import re
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -29,6 +30,7 @@ from rewardd_client._trl_advantages import advantages_request, component_names, 
 from rewardd_client.trl import (TRLInputError, async_reward_function, async_reward_functions,
                                 completion_text, prompt_text, reward_function, reward_functions,
                                 rewardd_advantages)
+from tests.support.server import REPO_ROOT, child_env
 from tests.trainers.conftest import SCRIPTS, run_script, trainer_python
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(900)]
@@ -211,6 +213,17 @@ def test_async_reward_function_returns_what_the_sync_one_does(rewardd_url: str) 
     asynchronous = asyncio.run(trl_call(async_reward_function(rewardd_url, MATH_AND_LENGTH),
                                         *args, answer=["3", "3"]))
     assert sync == asynchronous == [1.0, -0.5]
+
+
+def test_trainer_step_and_run_id_go_with_the_batch(rewardd_url: str) -> None:
+    function = reward_function(rewardd_url, "exact_match", run_id="run-7")
+    body = function._batch.body(["p"], ["x"], [[1]], {
+        "answer": ["x"], "trainer_state": SimpleNamespace(global_step=3),
+        "log_metric": print, "log_extra": print})
+    assert (body["run_id"], body["step"]) == ("run-7", 3)
+    assert body["groups"] == [{"group_id": "g0", "prompt": "p", "reference": {"answer": "x"},
+                               "rollouts": [{"rollout_id": "r0", "completion": "x",
+                                             "num_tokens": 1}]}]
 
 
 def test_reward_functions_survive_pickling_and_still_score(rewardd_url: str) -> None:
@@ -421,3 +434,20 @@ def test_trl_tempo_run_was_conversational_with_an_async_reward(tempo_run: dict) 
     assert batch["completions"][0][0]["role"] == "assistant"
     logged = [e for e in tempo_run["ranks"][0]["log_history"] if "loss" in e]
     assert len(logged) == 2 and all("rewards/rewardd/mean" in e for e in logged)
+
+
+def test_a_refused_advantages_request_fails_every_process(trl_python: str, tiny_qwen2: Path,
+                                                         rewardd_url: str,
+                                                         tmp_path: Path) -> None:
+    """The main process alone asks rewardd; when rewardd refuses, every process raises the
+    same error instead of waiting on the broadcast."""
+    env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [trl_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(SCRIPTS / "trl_grpo.py"), "--model", str(tiny_qwen2), "--url", rewardd_url,
+         "--out", str(tmp_path), "--mode", "tempo", "--estimator", "no_such_estimator"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    errors = [(tmp_path / f"rank{r}.error").read_text() for r in (0, 1)]
+    assert all(e.startswith(errors[0].split(":")[0]) for e in errors), errors
+    assert all("422" in e and "no_such_estimator" in e for e in errors), errors

@@ -10,11 +10,13 @@ prompts and the middle one is split across the processes ([4, 2] and [2, 4]).
   (``reward_functions``), so TRL's own advantages are the ones to compare with rewardd's
   ``profile: "trl"``. One prompt's answer is empty: its math cells fail (None).
 - ``--mode tempo``: chat prompts; one async reward function; the trainer trains on rewardd's
-  per-token ``tempo`` advantages (``rewardd_advantages``).
+  per-token ``tempo`` advantages (``rewardd_advantages``); ``--estimator`` names another
+  entry (an unknown one shows how a refused request ends every process).
 
 Each process writes ``rank<r>.json`` into ``--out``: what it saw (prompts, completions,
 token ids, the gathered rewards of each reward function, the advantages TRL's batch carried,
-and the inputs of every ``_compute_loss`` call) and the trainer's log history. Those wrappers
+and the inputs of every ``_compute_loss`` call) and the trainer's log history; or, when
+training raised, ``rank<r>.error`` with the exception. Those wrappers
 only record; every step of TRL runs as it is.
 """
 
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--mode", required=True, choices=["trl", "tempo"])
+    parser.add_argument("--estimator", default="tempo", help="for --mode tempo")
     args = parser.parse_args()
     url = args.url
 
@@ -102,13 +105,17 @@ def main() -> None:
                           reward_funcs=reward_funcs, args=config,
                           train_dataset=dataset(chat=args.mode == "tempo"))
     if args.mode == "tempo":
-        rewardd_advantages(trainer, url, {"estimator": "tempo", "params": {"beta": 1.0}})
+        rewardd_advantages(trainer, url, {"estimator": args.estimator, "params": {"beta": 1.0}})
     log: dict[str, Any] = {"batches": [], "loss_inputs": []}
     record(trainer, log)
-    trainer.train()
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        trainer.train()
+    except Exception as exc:  # recorded per process: each must raise, none may wait forever
+        (args.out / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
+        raise
     log["log_history"] = trainer.state.log_history
     log["world_size"] = trainer.accelerator.num_processes
-    rank = int(os.environ.get("RANK", "0"))
     (args.out / f"rank{rank}.json").write_text(json.dumps(log))
 
 
