@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from rewardd_client._rewards import (AdapterConfigError, RewardFailed, resolve_rewards,
-                                     resolve_url)
+                                     resolve_url, rollout_reward)
 from rewardd_client.client import AsyncRewarddClient, RewarddClient
 
 __all__ = ["ADVANTAGE_VARIABLE", "DEFAULT_ADVANTAGE", "FAILED_KEY", "RewardFailed", "Settings",
@@ -125,10 +125,7 @@ def extra_info_of(rollout: Mapping[str, Any], rewards: Sequence[Mapping[str, Any
     fallback where the cell failed) as ``rewardd_<name>``, and ``rewardd_failed`` 1.0 when a
     fallback replaced a failed cell. Raises :class:`RewardFailed` when the rollout has no
     reward (a failed cell without fallback)."""
-    if rollout.get("reward") is None:
-        failures = {name: status for name, status in (rollout.get("status") or {}).items()
-                    if not status.get("ok", True)}
-        raise RewardFailed(str(rollout.get("rollout_id")), failures)
+    rollout_reward(rollout)  # raises RewardFailed for an excluded rollout
     values = rollout.get("rewards") or {}
     info = {f"{EXTRA_PREFIX}{spec['name']}": float(values[spec["name"]]) for spec in rewards}
     failed = any(not status.get("ok", True) for status in (rollout.get("status") or {}).values())
