@@ -265,3 +265,20 @@ def test_extract_answer_unclosed_box_falls_through_to_next_rule():
 def test_extract_answer_ignores_escaped_dollars():
     found = extract_answer("it costs \\$5 and \\$6")
     assert (found.answer, found.rule) == ("6", "last_number")
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("10 20", "30"), ("\\boxed{1 2}", "3"), ("\\boxed{1\\,2}", "3"), ("\\boxed{x = 2 3}", "5"),
+    ("\\boxed{(1 2)}", "3")])
+def test_math_numbers_side_by_side_are_not_a_sum(completion: str, answer: str) -> None:
+    """latex2sympy2_extended reads ``1 2`` as the mixed number 1 + 2; a completion "10 20"
+    must not earn the reward of an answer 30 (found through TRL's GRPOTrainer)."""
+    assert check(completion, answer).reward == 0.0
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("\\boxed{1\\,000}", "1000"), ("\\boxed{1 000}", "1000"), ("\\boxed{3 1/2}", "7/2"),
+    ("\\boxed{3 \\frac{1}{2}}", "7/2"), ("\\boxed{2 \\pi}", "2\\pi"), ("\\boxed{1 + 2}", "3")])
+def test_math_thousands_mixed_numbers_and_products_still_parse(completion: str,
+                                                               answer: str) -> None:
+    assert check(completion, answer).reward == 1.0

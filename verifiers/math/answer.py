@@ -79,6 +79,12 @@ Node = Union[NumberLeaf, ExprLeaf, TextLeaf, Collection, Interval, Union_, Matri
 
 _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$",
                      re.DOTALL)
+_JUXTAPOSED_NUMBERS = re.compile(r"^[+-]?\d+(?:\.\d+)?(?:(?:\s|~|\\[,:;! ])+\d+(?:\.\d+)?)+$")
+"""Numbers side by side with only space between them (what is left once thousands separators
+and mixed numbers have been read): latex2sympy2_extended takes ``1 2`` for the mixed number
+1 + 2 = 3, so ``10 20`` would match an answer of 30. Nobody writes a sum that way; such text
+is no answer. Only a leaf made of such numbers alone is refused (``\\log_2 8`` is a
+logarithm, ``\\frac 1 2`` a fraction)."""
 _OR_WORDS = re.compile(r"\s*(?:\\text\{\s*or\s*\}|\sor\s|;|\\lor(?![a-zA-Z])|\\vee(?![a-zA-Z]))\s*")
 _AND_WORDS = re.compile(r"\s*(?:\\text\{\s*and\s*\}|\sand\s|\\land(?![a-zA-Z])|\\wedge(?![a-zA-Z]))\s*")
 _WRAPPED_TEXT = re.compile(r"^\\(?:text|textrm|mathrm|mbox|operatorname)\s*\{([^{}]*)\}$")
@@ -240,6 +246,8 @@ def _leaf(text: str, max_digits: int) -> Node:
         return NumberLeaf(Number(value), notes)
     if (m := _TEXT.match(bare)) is not None and (m.group(1) or _is_words(m.group(2))):
         return TextLeaf(" ".join((m.group(1) or m.group(2)).lower().split()))
+    if any(_JUXTAPOSED_NUMBERS.match(side.strip()) for side in bare.split("=")):
+        raise Unparseable("numbers side by side with nothing between them")
     return ExprLeaf(_sympy(bare), notes)
 
 
