@@ -41,10 +41,11 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from rewardd_client import AsyncRewarddClient, RewarddClient
 from rewardd_client._groups import runs_of_equal
+from rewardd_client._rewards import resolve_rewards
 from rewardd_client.client import Wire
 
 RewardSpecs = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
-"""A verifier name (``"math"``: one component of that name), one reward spec dict
+"""Verifier names (``"math"``: one component of that name; ``"math,length"``), one reward spec dict
 (``{"name": ..., "verifier": ..., "weight": ..., "params": ...}``) or a list of them."""
 
 ReferenceFn = Callable[[Mapping[str, Any]], Mapping[str, Any]]
@@ -64,8 +65,8 @@ class TRLInputError(ValueError):
 
 
 def _specs(rewards: RewardSpecs) -> list[dict[str, Any]]:
-    if isinstance(rewards, str):
-        return [{"name": rewards, "verifier": rewards}]
+    if isinstance(rewards, str):  # "math", "math,length" or JSON, as REWARDD_REWARDS takes them
+        return resolve_rewards(rewards)
     listed = [rewards] if isinstance(rewards, Mapping) else list(rewards)
     if not listed:
         raise TRLInputError("rewards", "at least one reward spec is needed")
