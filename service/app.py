@@ -9,8 +9,11 @@ from typing import Any, AsyncIterator
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from rewardd.service import __version__
 from rewardd.service.api import catalogue, health, jobs, runs, score, verify
@@ -129,6 +132,26 @@ def _add_error_handlers(app: FastAPI) -> None:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        # A path served by several routes (GET and DELETE /v1/jobs/{id}): Starlette's 405
+        # names only the first route's methods in Allow; RFC 9110 wants all of the path's.
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": allowed_methods(request)}
+        return await http_exception_handler(request, exc)
+
+
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route fully matches on the request's path, as an ``Allow`` value
+    (asked of each route through ``matches``: included routers wrap their routes)."""
+    routes = request.app.router.routes
+    return ", ".join(m for m in HTTP_METHODS
+                     if any(r.matches({**request.scope, "method": m})[0] == Match.FULL
+                            for r in routes))
 
 
 def render_openapi() -> str:
