@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-class WorkerSettings(BaseSettings):
+from rewardd.verifiers.code.settings import SandboxSettings
+
+
+class WorkerSettings(SandboxSettings):
     """The knobs of verifier execution, embedded or over Celery. Descriptions double as the
     CLI help."""
 

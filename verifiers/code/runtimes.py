@@ -40,9 +40,10 @@ ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
 PROBE_TIMEOUT_S = 20.0
 
 CAPABILITIES = {
-    # mounts of the run (/proc, /tmp), its namespaces, uid drop, killing the run's processes
-    "full": ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"),
-    "namespaces": ("CAP_SYS_ADMIN",),
+    # mounts of the run (/proc, /tmp), its namespaces, uid drop, killing the run's processes,
+    # reading their smaps_rollup (the run's memory as a whole); every test drops them all
+    "full": ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_SYS_PTRACE"),
+    "namespaces": ("CAP_SYS_ADMIN", "CAP_SYS_PTRACE"),
 }
 
 
@@ -146,6 +147,18 @@ def _probe(level: str) -> tuple[dict | None, str]:
         return None, f"unexpected probe output: {done.stdout[-200:]!r}"
 
 
+MEMORY_ACCOUNTED = (
+    "a run's processes together: the run's driver sums their anonymous and shared memory "
+    "(proportional shares, so pages shared after fork count once) and the files in the run's "
+    "tmpfs every 10 ms, and kills every process of the run past memory_mb; the run can "
+    "overshoot by what it faults in within one interval (tens of MiB). Each process's "
+    "address space is also held to memory_mb (RLIMIT_AS). Kernel memory (pipe and socket "
+    "buffers) is bounded only per process; memfd and System V shared memory are refused")
+MEMORY_ACCOUNTED_UNSAFE = MEMORY_ACCOUNTED.replace(" and the files in the run's tmpfs", "") + (
+    "; without isolation the driver sees only its own descendants (a daemon that leaves "
+    "its process tree escapes the count)")
+
+
 _lock = threading.Lock()
 _cached: tuple[Isolation, dict[str, str | None]] | None = None
 
@@ -166,14 +179,15 @@ def _detect() -> tuple[Isolation, dict[str, str | None]]:
         detail = (f"bubblewrap; seccomp filter: {report.get('seccomp')}; runtimes: "
                   + ", ".join(f"{k}={v}" for k, v in found.items() if v))
         return Isolation(level=level, network=True, per_run_uid=level == "full",
-                         filesystem="private", detail=detail), found
+                         filesystem="private", detail=detail,
+                         memory_detail=MEMORY_ACCOUNTED), found
     install = ("install bubblewrap (apt-get install bubblewrap) and allow it namespaces"
                + ("" if os.geteuid() == 0 else ", or run as root for per-run uids"))
     detail = f"no isolation: {install}; " + "; ".join(reasons)
     found = {"python": python_layout().host_executable, "cpp": shutil.which("g++"),
              "javascript": shutil.which("node")}
     return Isolation(level="none", network=False, per_run_uid=False, filesystem="host",
-                     detail=detail), found
+                     detail=detail, memory_detail=MEMORY_ACCOUNTED_UNSAFE), found
 
 
 def _detected() -> tuple[Isolation, dict[str, str | None]]:

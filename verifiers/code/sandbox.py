@@ -25,6 +25,7 @@ a fresh one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -43,6 +44,7 @@ __all__ = ["Sandbox", "SandboxError", "SandboxUnavailable", "get_sandbox", "isol
            "runtimes"]
 
 Judge = Callable[[int, TestResult], bool]
+log = logging.getLogger(__name__)
 
 UID_BASE = 2_000_000_000
 """Per-run uids are UID_BASE + 16 * (the zygote's bubblewrap pid) + (run counter % 16):
@@ -221,6 +223,7 @@ class Sandbox:
         self._zygote: _Zygote | None = None
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()
+        self._announced = False
         self.last_uid: int | None = None
         """The uid of the latest run (``full`` only), so tests can look for its processes."""
 
@@ -242,7 +245,13 @@ class Sandbox:
         if zygote is not None:
             zygote.kill()
             self._zygote = None
-        self._zygote = _Zygote(self._level())
+        level = self._level()
+        if self._zygote is None and zygote is None and not self._announced:
+            iso = isolation() if self._forced_level is None else None
+            log.info("code sandbox starting: isolation %s; memory %s: %s", level,
+                     iso.memory if iso else "accounted", iso.memory_detail if iso else "")
+            self._announced = True
+        self._zygote = _Zygote(level)
         return self._zygote
 
     def run(self, program: Program, judge: Judge | None = None) -> list[TestResult]:

@@ -26,7 +26,8 @@ class Limits:
     wall_s: float = 4.0
     """Wall-clock seconds per test; the test's processes are killed past it."""
     memory_mb: int = 512
-    """Address space per test process (RLIMIT_AS)."""
+    """Memory of the test's processes together (the run's driver kills them all past it) and
+    address space of each (RLIMIT_AS)."""
     processes: int = 32
     """Processes and threads per run, counted per run (its own uid), never shared across runs."""
     file_size_mb: int = 16
@@ -107,3 +108,8 @@ class Isolation:
     filesystem: str
     """``private`` (read-only runtime, private writable tmp) or ``host``."""
     detail: str = ""
+    memory: Literal["accounted"] = "accounted"
+    """How a run's memory is held to ``memory_mb`` as a whole (all its processes together):
+    ``accounted``: the run's driver sums their memory every 10 ms and kills the run past it."""
+    memory_detail: str = ""
+    """The guarantee of that mode, in words."""

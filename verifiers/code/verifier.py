@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams)
@@ -27,6 +27,7 @@ from rewardd.verifiers.code.compare import (CompareMode, Expectation, decode, st
                                     value_meets)
 from rewardd.verifiers.code.extract import extract_code
 from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
+from rewardd.verifiers.code.settings import sandbox_settings
 from rewardd.verifiers.code.spec import Spec, parse_reference
 from rewardd.verifiers.code.types import Language, Limits, Program, TestResult
 
@@ -54,15 +55,16 @@ class CodeParams(VerifierParams):
     language: Language | None = None
     """The program's language; None: the reference's ``language`` (default ``python``)."""
     cpu_s: float = Field(default=2.0, gt=0.0, le=60.0)
-    """CPU seconds per test."""
+    """CPU seconds per test; at most the server's REWARDD_SANDBOX_MAX_TIME_S (default 30)."""
     wall_s: float = Field(default=4.0, gt=0.0, le=120.0)
-    """Wall-clock seconds per test."""
+    """Wall-clock seconds per test; at most REWARDD_SANDBOX_MAX_TIME_S (default 30)."""
     memory_mb: int = Field(default=512, ge=32, le=16384)
-    """Address space per test process, in MiB."""
+    """Memory of a run's processes together, in MiB (also each process's address space); at
+    most the server's REWARDD_SANDBOX_MAX_MEMORY_MB (default 2048)."""
     output_kb: int = Field(default=1024, ge=1, le=65536)
     """stdout kept per test, in KiB; beyond it the output is truncated and judged as is."""
     processes: int = Field(default=32, ge=1, le=1024)
-    """Processes and threads per run."""
+    """Processes and threads per run; at most REWARDD_SANDBOX_MAX_PROCESSES (default 64)."""
     max_tests: int | None = Field(default=None, ge=1, le=100_000)
     """Run only the first ``max_tests`` tests of the reference (None: all)."""
     time_budget_s: float | None = Field(default=5.0, gt=0.0, le=3600.0)
@@ -71,6 +73,27 @@ class CodeParams(VerifierParams):
     call inside the executor's limit (10 s by default), so it gets a low reward instead of a
     ``timeout`` failure: keep ``time_budget_s + wall_s`` below the call's ``timeout_s``.
     None: no budget."""
+
+    @field_validator("memory_mb", "processes", "cpu_s", "wall_s")
+    @classmethod
+    def _within_server_maximum(cls, value: float, info: ValidationInfo) -> float:
+        """A request may lower the sandbox's limits, never raise them past the operator's."""
+        name = info.field_name or ""
+        setting, ceiling = _ceiling(name)
+        if value > ceiling:
+            raise ValueError(f"{name} {value:g} is over this server's maximum of {ceiling:g} "
+                             f"(REWARDD_{setting.upper()}); ask for {ceiling:g} or less")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_within_server_maximum(self) -> CodeParams:
+        """A default the request did not set follows a ceiling the operator set below it."""
+        for name in ("memory_mb", "processes", "cpu_s", "wall_s"):
+            if name not in self.model_fields_set:
+                _, ceiling = _ceiling(name)
+                if getattr(self, name) > ceiling:
+                    setattr(self, name, type(getattr(self, name))(ceiling))
+        return self
 
     @model_validator(mode="after")
     def _tolerance_needs_tokens(self) -> CodeParams:
@@ -81,6 +104,16 @@ class CodeParams(VerifierParams):
     def limits(self) -> Limits:
         return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb,
                       processes=self.processes, output_bytes=self.output_kb * 1024)
+
+
+_CEILINGS = {"memory_mb": "sandbox_max_memory_mb", "processes": "sandbox_max_processes",
+             "cpu_s": "sandbox_max_time_s", "wall_s": "sandbox_max_time_s"}
+
+
+def _ceiling(param: str) -> tuple[str, float]:
+    """The setting that bounds ``param`` and its value in this process."""
+    setting = _CEILINGS[param]
+    return setting, getattr(sandbox_settings(), setting)
 
 
 # ---------------------------------------------------------------------------- spec cache
@@ -207,7 +240,9 @@ class CodeVerifier(Verifier):
     where the sandbox cannot isolate programs (and unsafe mode is off) is ``unavailable``;
     a sandbox that breaks (its zygote dies) raises and becomes ``error``: never a reward of 0.
 
-    ``detail``: ``isolation`` (the sandbox's level), ``code_from`` (``fenced_block`` or
+    ``detail``: ``isolation`` (the sandbox's level), ``memory`` (how the run's memory is held
+    to ``memory_mb`` as a whole: ``accounted``, see :class:`~rewardd.verifiers.code.types.
+    Isolation`), ``code_from`` (``fenced_block`` or
     ``whole``; ``fence_closed: false`` for an unclosed final fence), ``language``, ``style``
     (``stdio``, ``call`` or ``assert``), ``passed``, ``total`` (``tests_in_reference`` when
     ``max_tests`` cut it), assert-style ``lifted``/``script``/``script_asserts``, and
@@ -276,7 +311,7 @@ class CodeVerifier(Verifier):
 
         program = Program(spec.language, _source(extracted.code, spec), tests, params.limits())
         try:
-            level = isolation().level
+            iso = isolation()
             results = get_sandbox().run(program, on_result)
         except SandboxUnavailable as exc:
             return Outcome.failure(FailureKind.unavailable, str(exc) or "no sandbox", **detail)
@@ -306,7 +341,8 @@ class CodeVerifier(Verifier):
             reward = 1.0 if passed == total else 0.0
         else:
             reward = passed / total
-        return Outcome.success(reward, isolation=level, passed=passed, total=total,
+        return Outcome.success(reward, isolation=iso.level, memory=iso.memory,
+                               passed=passed, total=total,
                                tests=per_test, **detail)
 
 

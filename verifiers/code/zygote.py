@@ -25,7 +25,8 @@ Isolation, outside in
    and the result fd, drops to the run's unprivileged uid/gid (``full``; under
    ``namespaces`` it stays the sandbox's only uid and drops its capabilities instead), sets
    ``no_new_privs`` and a seccomp filter that refuses new namespaces, mounts, ptrace,
-   keyrings, bpf, userfaultfd, perf and io_uring, and sets the rlimits:
+   keyrings, bpf, userfaultfd, perf, io_uring, memfd and System V shared memory, and sets
+   the rlimits:
 
    - ``RLIMIT_CPU``: ceil(cpu_s) soft, +1 s hard (SIGXCPU, then SIGKILL);
    - ``RLIMIT_AS``: memory_mb (node: memory_mb + 1 GiB, V8 reserves ~0.7 GiB of address
@@ -42,6 +43,13 @@ Isolation, outside in
 
    The wall clock is D's: past ``wall_s`` D kills every process of the run (``kill(-1)``
    from the namespace's init) — after every test, in fact, so no process outlives its test.
+   So is the run's memory as a whole (:class:`MemoryMeter`): RLIMIT_AS bounds each process
+   alone (6 forked children of 400 MiB each pass 512 MiB), so every 10 ms D sums what the
+   run's processes hold (anonymous and shared memory, proportional shares, plus the files in
+   the run's tmpfs) and kills the whole run past ``memory_mb`` (node: + 64 MiB; the
+   compiler: 1 GiB): ``memory_exceeded``. The overshoot is what the run faults in within one
+   interval (tens of MiB); the cost ~50 us per interval for a one-process run. Memory that
+   no process maps (memfd, System V segments) is refused by the seccomp filter.
 
 ``level == "none"`` (only with REWARDD_SANDBOX_UNSAFE=1) skips the namespaces and the uid:
 the same driver runs on the host with rlimits, no_new_privs and seccomp only, in a temporary
@@ -232,12 +240,12 @@ _SYSCALLS = {
         "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
         "chroot": 161, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
         "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "userfaultfd": 323,
-        "perf_event_open": 298}),
+        "perf_event_open": 298, "memfd_create": 319, "shmget": 29}),
     "aarch64": (0xC00000B7, False, 220, 435, {
         "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
         "chroot": 51, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
         "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "userfaultfd": 282,
-        "perf_event_open": 241}),
+        "perf_event_open": 241, "memfd_create": 279, "shmget": 194}),
 }
 _COMMON_SYSCALLS = {  # same numbers on both (the unified table from 403 on)
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
@@ -251,7 +259,10 @@ def seccomp_filter() -> bytes | None:
     Why: an unprivileged uid may still create user namespaces on most kernels, and inside
     one it can mount tmpfs (memory no rlimit counts) and reach far more kernel code. Refused
     (EPERM): namespace creation (``unshare``, ``setns``, ``clone`` with a CLONE_NEW* flag),
-    mounts, ptrace and process_vm_*, keyrings, bpf, userfaultfd, perf_event_open, io_uring.
+    mounts, ptrace and process_vm_*, keyrings, bpf, userfaultfd, perf_event_open, io_uring,
+    and the two kinds of memory no process need map (so no accounting of the run's memory
+    sees them): ``memfd_create`` (written, never mapped) and System V ``shmget`` (a segment
+    outlives its processes). Python, node and g++ call neither.
     ``clone3`` answers ENOSYS (its flags sit in memory a filter cannot read), so libc falls
     back to ``clone``. Other architectures' calls (int 0x80, x32) kill the process.
     """
@@ -319,7 +330,12 @@ RESULT_FD = 1023
 SETUP_FAILED = 121
 STDERR_TAIL = 4096
 COMPILE_MEMORY_MB = 1024
+"""The compiler's address space, and its processes' memory together (cc1plus on a template-heavy
+program reaches a few hundred MiB; the program's own ``memory_mb`` is not the compiler's)."""
 NODE_EXTRA_MB = 1024
+NODE_RUN_EXTRA_MB = 64
+"""Added to a node run's memory as a whole: V8 holds its old space to ``memory_mb`` and needs
+its young generation, code and buffers beside it (~6 MiB of its own at start)."""
 NODE_STACK_MB = 8
 """glibc sizes every thread's stack by RLIMIT_STACK at exec; node starts ~10 threads."""
 MiB = 1 << 20
@@ -343,10 +359,12 @@ class Child:
     """How to set up one test process (T): fds, uid, rlimits, filters."""
 
     def __init__(self, run: "Run", *, memory_mb: int, cpu_s: float, processes: int,
-                 stack_mb: int | None = None) -> None:
+                 stack_mb: int | None = None, total_mb: int | None = None) -> None:
         self.run = run
         self.memory_mb, self.cpu_s, self.processes = memory_mb, cpu_s, processes
         self.stack_mb = min(memory_mb, 256) if stack_mb is None else stack_mb
+        self.total_mb = memory_mb if total_mb is None else total_mb
+        """The memory of all the test's processes together (:class:`MemoryMeter`)."""
 
     def enter(self, stdin_fd: int, out_w: int, err_w: int, res_w: int | None) -> None:
         """In T, before any untrusted code: everything that makes it a sandboxed test."""
@@ -494,6 +512,118 @@ def _call(namespace: dict[str, Any], name: str, args: Any) -> Any:
     return fn(args)
 
 
+# ---- the run's memory, as a whole ------------------------------------------------------------
+
+MEMORY_POLL_S = 0.01
+"""How often D sums the run's memory. What a run can fault in within one interval is how far it
+can pass its limit before it is killed (~20-40 MiB per busy core on a 2024 server)."""
+PRECISE_SPACING = 20
+"""A precise pass that took t seconds is not repeated for 20 t: it costs D at most ~5% of a core
+(~2 us per MiB mapped: ~1 ms for a 512 MiB run)."""
+
+
+def _kib_fields(text: bytes, names: tuple[bytes, ...]) -> int:
+    """The sum of ``names`` (lines ``Name:   123 kB``) in a /proc file, in bytes."""
+    total = 0
+    for line in text.split(b"\n"):
+        key, _, rest = line.partition(b":")
+        if key in names:
+            total += int(rest.split()[0])
+    return total * 1024
+
+
+def _descendants() -> list[int]:
+    """Every descendant of this process (level ``none``, where /proc is the host's)."""
+    found, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        found += children
+        todo += children
+    return found
+
+
+class MemoryMeter:
+    """The memory of a run's processes together, which D holds to one limit.
+
+    RLIMIT_AS bounds each process alone: 6 forked children of 400 MiB pass a 512 MiB limit.
+    Without a cgroup, D sums what the run's processes hold every :data:`MEMORY_POLL_S` and
+    kills the whole run past the limit. Two passes keep it cheap and exact enough:
+
+    - the bound: ``RssAnon + RssShmem`` of every process (/proc/<pid>/status, ~6 us each),
+      plus the bytes in the run's tmpfs. An upper bound: a page shared after ``fork`` counts
+      once per process that maps it (every Python test shares ~9 MiB of the zygote's heap).
+    - only when the bound is over the limit, the precise pass: ``Pss_Anon + Pss_Shmem`` from
+      /proc/<pid>/smaps_rollup (a page shared by n processes counts 1/n), plus the tmpfs.
+      It needs CAP_SYS_PTRACE (D has it; the tests drop every capability); where it cannot
+      be read the bound decides, which can only err towards a kill.
+
+    Not counted (bounded by the per-process limits instead): kernel memory such as pipe and
+    socket buffers and page tables, a few MiB per process under RLIMIT_NOFILE 64.
+    """
+
+    def __init__(self, limit_mb: int, level: str) -> None:
+        self.limit_mb = limit_mb
+        self.limit = limit_mb * MiB
+        self.level = level
+        self.next_check = 0.0
+        self.next_precise = 0.0
+        self.held = 0
+        """Bytes the run held when it was found over its limit."""
+
+    def _pids(self) -> list[int]:
+        if self.level == "none":
+            return _descendants()
+        own = os.getpid()  # D is pid 1 of the run's namespace: /proc shows the run alone
+        return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != own]
+
+    def _tmpfs(self) -> int:
+        if self.level == "none":
+            return 0
+        st = os.statvfs("/tmp")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    @staticmethod
+    def _sum(pids: list[int], name: str, fields: tuple[bytes, ...]) -> int | None:
+        """``fields`` summed over ``pids`` (a process gone meanwhile counts 0); None where
+        a file cannot be read."""
+        total = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as f:
+                    total += _kib_fields(f.read(), fields)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            except OSError:
+                return None
+        return total
+
+    def over(self, now: float) -> bool:
+        """True when the run holds more than its limit (checked at most every poll)."""
+        if now < self.next_check:
+            return False
+        self.next_check = now + MEMORY_POLL_S
+        pids = self._pids()
+        tmpfs = self._tmpfs()
+        bound = self._sum(pids, "status", (b"RssAnon", b"RssShmem"))
+        if bound is not None and tmpfs + bound <= self.limit:
+            return False
+        if now < self.next_precise:
+            return False
+        started = time.monotonic()
+        precise = self._sum(pids, "smaps_rollup", (b"Pss_Anon", b"Pss_Shmem"))
+        self.next_precise = started + PRECISE_SPACING * (time.monotonic() - started)
+        held = tmpfs + (precise if precise is not None else bound or 0)
+        if held <= self.limit:
+            return False
+        self.held = held
+        return True
+
+
 # ---- the driver (D) ------------------------------------------------------------------------
 
 
@@ -589,7 +719,7 @@ class Run:
             return failure("compile_error",
                            f"mode {test['mode']!r} not supported for {self.language}")
         memory_mb, processes = int(limits["memory_mb"]), int(limits["processes"])
-        stack_mb = None
+        stack_mb, total_mb = None, memory_mb
         if self.language not in ("python", "cpp", "javascript"):
             return failure("compile_error", f"unsupported language {self.language!r}")
         if self.language == "javascript":
@@ -597,6 +727,7 @@ class Run:
             if node is None:
                 return failure("compile_error", "node is not installed in the sandbox")
             argv = [node, f"--max-old-space-size={memory_mb}", self.binary or ""]
+            total_mb = memory_mb + NODE_RUN_EXTRA_MB
             memory_mb, processes = memory_mb + NODE_EXTRA_MB, max(processes, 32)
             stack_mb = NODE_STACK_MB
         elif self.language == "cpp":
@@ -604,7 +735,7 @@ class Run:
         else:
             argv = []
         child = Child(self, memory_mb=memory_mb, cpu_s=float(limits["cpu_s"]),
-                      processes=processes, stack_mb=stack_mb)
+                      processes=processes, stack_mb=stack_mb, total_mb=total_mb)
         stdin_fd = self.stdin_fds[i]
         try:
             outcome = self.spawn(child, stdin_fd, argv, test, wall_s=float(limits["wall_s"]),
@@ -632,7 +763,10 @@ class Run:
                                  output_bytes=64 * 1024)
         finally:
             os.close(null)
-        if outcome["reason"] == "wall" or outcome["signal"] in (signal.SIGXCPU, signal.SIGKILL):
+        if outcome["reason"] == "memory":
+            self.compile_error = f"compilation used more than {COMPILE_MEMORY_MB} MiB"
+        elif outcome["reason"] == "wall" or outcome["signal"] in (signal.SIGXCPU,
+                                                                   signal.SIGKILL):
             self.compile_error = f"compilation ran past its {compile_s:g}s limit"
         elif outcome["exit_code"] != 0:
             tail = outcome["stderr"].decode(errors="replace")
@@ -672,7 +806,8 @@ class Run:
         try:
             markers = MEMORY_MARKERS.get(self.language, ()) if test is not None else ()
             watched = Watch(out_r, err_r, res_r, output_bytes, markers)
-            reason = self.watch(pid, watched, started + wall_s)
+            meter = MemoryMeter(child.total_mb, self.level)
+            reason = self.watch(pid, watched, started + wall_s, meter)
             self.kill_all()
             _, status, usage = os.wait4(pid, 0)
             self.reap_all()
@@ -689,10 +824,13 @@ class Run:
                 "stdout": bytes(watched.stdout), "stderr": bytes(watched.stderr[-STDERR_TAIL:]),
                 "report": bytes(watched.report), "truncated": watched.truncated,
                 "out_of_memory": watched.out_of_memory,
+                "memory_held_mb": meter.held // MiB, "memory_limit_mb": meter.limit_mb,
                 "output_bytes": output_bytes}
 
-    def watch(self, pid: int, watched: "Watch", deadline: float) -> str | None:
-        """Poll T's pipes, its pidfd and the control pipe until T exits or a limit hits."""
+    def watch(self, pid: int, watched: "Watch", deadline: float,
+              meter: MemoryMeter) -> str | None:
+        """Poll T's pipes, its pidfd and the control pipe until T exits or a limit hits
+        (``wall``, ``memory``: the run's processes together, ``output``, ``report``)."""
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
         try:
@@ -701,9 +839,13 @@ class Run:
             poller.register(pidfd, select.POLLIN)
             poller.register(CONTROL_FD, select.POLLIN)
             while True:
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     return "wall"
+                if meter.over(now):
+                    return "memory"
+                left = min(left, MEMORY_POLL_S)
                 for fd, _ in poller.poll(max(1, math.ceil(left * 1000))):
                     if fd == pidfd:
                         return None
@@ -820,7 +962,8 @@ def classify(o: dict[str, Any], *, cpu_s: float, mode: str, language: str) -> di
 
     ``timeout``: past the wall clock, killed by SIGXCPU (or by SIGKILL at RLIMIT_CPU's hard
     limit), or more CPU than ``cpu_s``. ``output_limit``: more than ``output_bytes`` of
-    stdout (or of return value). ``memory_exceeded``: the Python driver reported an uncaught
+    stdout (or of return value). ``memory_exceeded``: the run's processes together held more
+    than its limit (D killed them, :class:`MemoryMeter`); the Python driver reported an uncaught
     MemoryError; heuristically, a failing process whose stderr (all of it, not only the
     tail) holds its language's allocation-failure text (:data:`MEMORY_MARKERS`: a C++
     ``std::bad_alloc`` abort, node's heap or ArrayBuffer failures). A C++ program whose
@@ -836,7 +979,11 @@ def classify(o: dict[str, Any], *, cpu_s: float, mode: str, language: str) -> di
         value_json = body.decode("utf-8", errors="replace")
     elif tag == b"C":
         completed = True
-    if o["reason"] == "wall":
+    if o["reason"] == "memory":  # D killed the run: its signal says nothing more
+        status = "memory_exceeded"
+        message = (f"the run's processes held {o['memory_held_mb']} MiB together, over its "
+                   f"limit of {o['memory_limit_mb']} MiB")
+    elif o["reason"] == "wall":
         status, message = "timeout", "wall-clock limit"
     elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and o["cpu_s"] >= math.floor(cpu_s)):
         status, message = "timeout", "CPU time limit"

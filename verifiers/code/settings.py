@@ -1,0 +1,46 @@
+"""The operator's ceilings on what one code request may ask of the sandbox.
+
+A request's ``params`` (``memory_mb``, ``processes``, ``cpu_s``, ``wall_s``) choose a run's
+limits; these settings bound them, so no tenant can ask for 16 GiB and 1024 processes on a
+shared worker. A request may lower a limit, never raise it: a value above the ceiling is a
+422 naming the parameter and the ceiling (validated with the verifier's params, in the API
+before anything runs and again in the worker), never silently clamped, because a clamped
+limit grades a different contest than the one the trainer asked for. A built-in default
+above a ceiling the operator lowered becomes the ceiling (the request asked for nothing).
+
+They live here, in the verifier layer, because the sandbox's own parameter model needs them
+and the layers import downward only; :class:`rewardd.workers.settings.WorkerSettings` extends
+this class, so every process reads them from one settings object (env ``REWARDD_*`` or the
+CLI flags, which the CLI exports to the environment).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SandboxSettings(BaseSettings):
+    """Ceilings of the code sandbox. Descriptions double as the CLI help."""
+
+    model_config = SettingsConfigDict(env_prefix="REWARDD_", extra="ignore")
+
+    sandbox_max_memory_mb: int = Field(
+        2048, ge=32, le=16384, description="Most memory (MiB) a code request may give one "
+        "run: all of its processes together, and each process's address space. A request's "
+        "`memory_mb` above it is refused (422).")
+    sandbox_max_processes: int = Field(
+        64, ge=1, le=1024, description="Most processes and threads a code request may give "
+        "one run. A request's `processes` above it is refused (422).")
+    sandbox_max_time_s: float = Field(
+        30.0, gt=0, le=120, description="Most CPU seconds and most wall-clock seconds a code "
+        "request may give one test. A request's `cpu_s` or `wall_s` above it is refused "
+        "(422).")
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_settings() -> SandboxSettings:
+    """The ceilings, read once per process (``sandbox_settings.cache_clear()`` re-reads)."""
+    return SandboxSettings()
