@@ -141,6 +141,11 @@ class Executor(abc.ABC):
     async def ready(self, wait_s: float = 5.0) -> bool:
         """True when a worker answers a round trip within ``wait_s`` (used by /readyz)."""
 
+    def not_ready_reason(self, wait_s: float = 5.0) -> str:
+        """Why :meth:`ready` just answered False, for /readyz; executors that know more
+        (a pool that died and was replaced) say so."""
+        return f"no verifier worker answered a round trip within {wait_s:g} s"
+
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """What /readyz reports about this executor."""

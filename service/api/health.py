@@ -13,6 +13,9 @@ from rewardd.verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
 
+READY_WAIT_S = 5.0
+"""How long /readyz waits for a worker's answer to its ping."""
+
 
 @router.get("/healthz", summary="Liveness")
 def healthz() -> dict[str, str]:
@@ -22,11 +25,14 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="Readiness", responses={503: {"description": "Not ready."}})
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when a verifier worker answers a round trip."""
+    """Ready when a verifier worker answers a round trip; when not, `reason` says why (no
+    worker answered in time, or the worker pool died and its replacement is starting)."""
     executor = request.app.state.executor
-    ready = await executor.ready()
-    body = {"status": "ready" if ready else "not_ready", "executor": executor.describe(),
-            "sandbox": await asyncio.to_thread(sandbox_isolation)}
+    ready = await executor.ready(READY_WAIT_S)
+    body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
+    if not ready:
+        body["reason"] = executor.not_ready_reason(READY_WAIT_S)
+    body.update(executor=executor.describe(), sandbox=await asyncio.to_thread(sandbox_isolation))
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
