@@ -4,18 +4,23 @@ with its exact path.
 pydantic checks types and single-field constraints; the rules here (per-token array lengths,
 span ranges and overlaps, duplicate ids, names and parameters of catalogue entries and the
 inputs they need) would lose their field path inside a pydantic model validator, so they run
-as a second pass that collects every error and raises one :class:`RequestInvalid` (the
+as a second pass that collects errors and raises one :class:`RequestInvalid` (the
 ``{"loc", "msg", "type"}`` shape FastAPI uses). The service adds its verifier rules
 (:mod:`rewardd.service.validation`); the in-process entry point runs exactly these.
+
+The checks are generators, consumed through :func:`rewardd.advantages.errors.capped`: the
+pass stops after :data:`~rewardd.advantages.errors.MAX_ERRORS` errors (plus one to know
+there are more), so a batch of 10^6 bad rollouts costs the same to refuse as one of 101.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from itertools import chain
+from typing import Any, Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ValidationError
 
-from rewardd.advantages.errors import Loc, RequestInvalid, error
+from rewardd.advantages.errors import Loc, RequestInvalid, capped, error
 from rewardd.advantages.models import AdvantageSpec, AdvantagesRequest, Group, Rollout
 from rewardd.advantages.profiles import pins_for
 from rewardd.advantages.registry import ENTRIES, Kind, get_entry
@@ -27,8 +32,11 @@ SPAN_FIELDS = ("segments", "turns", "steps")
 
 
 def pydantic_errors(exc: ValidationError, prefix: Loc) -> list[dict[str, Any]]:
-    """Errors of a nested model validation, re-rooted at ``prefix``."""
-    return [error(prefix + tuple(e["loc"]), e["msg"], e["type"]) for e in exc.errors()]
+    """Errors of a nested model validation, re-rooted at ``prefix``: the first
+    :data:`~rewardd.advantages.errors.MAX_ERRORS`, then one entry counting the rest."""
+    found = exc.errors(include_url=False, include_context=False, include_input=False)
+    return capped((error(prefix + tuple(e["loc"]), e["msg"], e["type"]) for e in found),
+                  exc.error_count())
 
 
 def validate_params(model: type[BaseModel], params: dict[str, Any], loc: Loc) -> list[dict]:
@@ -60,70 +68,66 @@ def _check_spans(spans: Sequence[Any], n: int, loc: Loc, what: str) -> Iterable[
                         f"{what}s[{a}] [{spans[a].start}, {spans[a].end})")
 
 
-def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> list[dict]:
+def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> Iterator[dict]:
     """Per-token arrays have num_tokens entries; spans lie inside the response."""
-    errors: list[dict] = []
     if (rollout.token_ids is not None and rollout.num_tokens is not None
             and len(rollout.token_ids) != rollout.num_tokens):
-        errors.append(error(loc + ("token_ids",), f"has {len(rollout.token_ids)} entries but "
-                            f"num_tokens is {rollout.num_tokens}"))
+        yield error(loc + ("token_ids",), f"has {len(rollout.token_ids)} entries but "
+                    f"num_tokens is {rollout.num_tokens}")
     if rollout.reward is not None and rollout.rewards is not None:
-        errors.append(error(loc + ("reward",), "send either reward or rewards, not both"))
+        yield error(loc + ("reward",), "send either reward or rewards, not both")
     n = resolved_num_tokens(rollout)
     if n is None:
         given = [f for f in (*PER_TOKEN_FIELDS, *SPAN_FIELDS) if getattr(rollout, f)]
         if given:
-            errors.append(error(loc + ("num_tokens",), f"required when {given[0]} is given"))
+            yield error(loc + ("num_tokens",), f"required when {given[0]} is given")
         elif needs_tokens:
-            errors.append(error(loc + ("num_tokens",), f"required for advantage output "
-                                f"{needs_tokens!r} (or send token_ids)", "missing"))
-        return errors
+            yield error(loc + ("num_tokens",), f"required for advantage output "
+                        f"{needs_tokens!r} (or send token_ids)", "missing")
+        return
     for name in PER_TOKEN_FIELDS:
         values = getattr(rollout, name)
         if values is not None and len(values) != n:
-            errors.append(error(loc + (name,), f"has {len(values)} entries but num_tokens is {n}"))
+            yield error(loc + (name,), f"has {len(values)} entries but num_tokens is {n}")
     if rollout.mask is not None and not set(rollout.mask) <= {0, 1}:
         bad = next(k for k, v in enumerate(rollout.mask) if v not in (0, 1))
-        errors.append(error(loc + ("mask", bad), f"mask entries must be 0 or 1, got "
-                            f"{rollout.mask[bad]}"))
+        yield error(loc + ("mask", bad), f"mask entries must be 0 or 1, got "
+                    f"{rollout.mask[bad]}")
     if rollout.segments:
-        errors.extend(_check_spans(rollout.segments, n, loc + ("segments",), "segment"))
+        yield from _check_spans(rollout.segments, n, loc + ("segments",), "segment")
     if rollout.turns:
-        errors.extend(_check_spans(rollout.turns, n, loc + ("turns",), "turn"))
+        yield from _check_spans(rollout.turns, n, loc + ("turns",), "turn")
     if rollout.steps:
-        errors.extend(_check_spans(rollout.steps, n, loc + ("steps",), "step"))
-    return errors
+        yield from _check_spans(rollout.steps, n, loc + ("steps",), "step")
 
 
-def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> list[dict]:
-    errors: list[dict] = []
+def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> Iterator[dict]:
     seen_groups: dict[str, int] = {}
     seen_rollouts: dict[str, tuple[int, int]] = {}
     for gi, group in enumerate(groups):
         gloc: Loc = ("body", "groups", gi)
         if group.group_id in seen_groups:
-            errors.append(error(gloc + ("group_id",), f"duplicate group_id {group.group_id!r} "
-                                f"(first at groups[{seen_groups[group.group_id]}])"))
+            yield error(gloc + ("group_id",), f"duplicate group_id {group.group_id!r} "
+                        f"(first at groups[{seen_groups[group.group_id]}])")
         seen_groups.setdefault(group.group_id, gi)
         for ri, rollout in enumerate(group.rollouts):
             rloc = gloc + ("rollouts", ri)
             first = seen_rollouts.setdefault(rollout.rollout_id, (gi, ri))
             if first != (gi, ri):
-                errors.append(error(rloc + ("rollout_id",), f"duplicate rollout_id "
-                                    f"{rollout.rollout_id!r} (first at groups[{first[0]}]."
-                                    f"rollouts[{first[1]}])"))
-            errors.extend(check_rollout(rollout, rloc, needs_tokens))
+                yield error(rloc + ("rollout_id",), f"duplicate rollout_id "
+                            f"{rollout.rollout_id!r} (first at groups[{first[0]}]."
+                            f"rollouts[{first[1]}])")
+            yield from check_rollout(rollout, rloc, needs_tokens)
     if needs_tokens:
         total = sum(resolved_num_tokens(r) or 0 for g in groups for r in g.rollouts)
         if total > MAX_TOKENS_PER_REQUEST:
-            errors.append(error(("body", "groups"), f"{total} tokens in one request is over "
-                                f"the limit of {MAX_TOKENS_PER_REQUEST} for output "
-                                f"{needs_tokens!r}; split the batch or use output 'scalar'"))
-    return errors
+            yield error(("body", "groups"), f"{total} tokens in one request is over the "
+                        f"limit of {MAX_TOKENS_PER_REQUEST} for output {needs_tokens!r}; "
+                        "split the batch or use output 'scalar'")
 
 
 def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
-                    run_id: str | None) -> list[dict]:
+                    run_id: str | None) -> Iterator[dict]:
     """Every stage names an entry of the right kind, with valid params and its inputs."""
     loc: Loc = ("body", "advantage")
     stages: list[tuple[Kind, str, dict[str, Any], Loc, Loc]] = [
@@ -134,35 +138,32 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
                         ("filter", "filters")):
         stages += [(kind, s.name, s.params, loc + (field, k, "name"), loc + (field, k, "params"))
                    for k, s in enumerate(getattr(spec, field))]
-    errors: list[dict] = []
     seen: set[str] = set()
     for k, stage in enumerate(spec.filters):
         if stage.name in seen:
-            errors.append(error(loc + ("filters", k, "name"), f"filter {stage.name!r} is "
-                                "requested twice; its advice is keyed by name"))
+            yield error(loc + ("filters", k, "name"), f"filter {stage.name!r} is requested "
+                        "twice; its advice is keyed by name")
         seen.add(stage.name)
     for kind, name, params, name_loc, params_loc in stages:
         try:
             entry = get_entry(name, kind)
         except KeyError as exc:
-            errors.append(error(name_loc, exc.args[0]))
+            yield error(name_loc, exc.args[0])
             continue
-        errors += validate_params(entry.Params, params, params_loc)
+        yield from validate_params(entry.Params, params, params_loc)
         if entry.stateful and run_id is None:
-            errors.append(error(("body", "run_id"), f"{kind} {name!r} keeps per-run state: "
-                                "send a run_id"))
-        errors += check_inputs(entry.name, kind, entry.inputs, groups)
+            yield error(("body", "run_id"), f"{kind} {name!r} keeps per-run state: "
+                        "send a run_id")
+        yield from check_inputs(entry.name, kind, entry.inputs, groups)
     estimator = ENTRIES.get(spec.estimator)
     if estimator is not None and "components" in estimator.inputs and spec.aggregate != "sum":
-        errors.append(error(loc + ("aggregate",), f"estimator {spec.estimator!r} routes each "
-                            "reward component itself; use aggregate 'sum'"))
+        yield error(loc + ("aggregate",), f"estimator {spec.estimator!r} routes each "
+                    "reward component itself; use aggregate 'sum'")
     if pins_for(spec.profile).equal_group_sizes:
         sizes = {len(g.rollouts) for g in groups}
         if len(sizes) > 1:
-            errors.append(error(loc + ("profile",), f"profile {spec.profile.value!r} needs "
-                                f"groups of equal size (contiguous blocks); got sizes "
-                                f"{sorted(sizes)}"))
-    return errors
+            yield error(loc + ("profile",), f"profile {spec.profile.value!r} needs groups of "
+                        f"equal size (contiguous blocks); got sizes {sorted(sizes)}")
 
 
 ROLLOUT_INPUTS = {"values", "token_rewards", "token_ids", "segments", "turns", "steps", "kl",
@@ -191,9 +192,11 @@ def check_inputs(name: str, kind: str, inputs: Sequence[str], groups: Sequence[G
     return []
 
 
-def raise_if(errors: list[dict]) -> None:
-    if errors:
-        raise RequestInvalid(errors)
+def raise_if(errors: Iterable[dict]) -> None:
+    """Raise the errors (at most MAX_ERRORS of them, reading no further) if there are any."""
+    listed = capped(errors)
+    if listed:
+        raise RequestInvalid(listed)
 
 
 def tokens_needed_for(spec: AdvantageSpec | None) -> str | None:
@@ -203,9 +206,12 @@ def tokens_needed_for(spec: AdvantageSpec | None) -> str | None:
 
 def validate_advantages(req: AdvantagesRequest) -> None:
     """Every cross-field rule of a /v1/advantages body; raises RequestInvalid."""
-    errors = check_groups(req.groups, tokens_needed_for(req.advantage))
-    errors += check_advantage(req.advantage, req.groups, req.run_id)
-    if not any(r.reward is not None or r.rewards for g in req.groups for r in g.rollouts):
-        errors.append(error(("body", "groups"), "no rewards: send 'reward' or 'rewards' on "
-                            "each rollout, or use /v1/score with verifiers"))
-    raise_if(errors)
+    raise_if(chain(check_groups(req.groups, tokens_needed_for(req.advantage)),
+                   check_advantage(req.advantage, req.groups, req.run_id),
+                   _no_rewards(req.groups)))
+
+
+def _no_rewards(groups: Sequence[Group]) -> Iterator[dict]:
+    if not any(r.reward is not None or r.rewards for g in groups for r in g.rollouts):
+        yield error(("body", "groups"), "no rewards: send 'reward' or 'rewards' on each "
+                    "rollout, or use /v1/score with verifiers")

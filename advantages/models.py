@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, Field
+
+from rewardd.advantages.bounds import BoundedContract, FreeForm
 
 REWARD_BOUND = 1e12
 """Largest reward magnitude accepted (precomputed values, fallbacks); the verifiers' own
@@ -60,10 +62,11 @@ hashed seeds), so no character can collide with a separator. Control characters 
 they break log lines and the text/event-stream framing of a job's events."""
 
 
-class Contract(BaseModel):
-    """Base of request models: unknown fields are rejected so typos do not pass silently."""
-
-    model_config = ConfigDict(extra="forbid")
+class Contract(BoundedContract):
+    """Base of request models: unknown fields are rejected so typos do not pass silently.
+    Every list and map of a request model is ``FAIL_FAST`` (it stops at its first bad
+    element) and free-form objects are ``FreeForm`` (bounded depth): see
+    :mod:`rewardd.advantages.bounds`."""
 
 
 class Segment(Contract):
@@ -92,7 +95,8 @@ class Step(Contract):
     key: str | None = Field(None, description="Anchor-state key: steps of a group with the "
                             "same key form a step group (gigpo).")
     embedding: list[FiniteFloat] | None = Field(
-        None, description="State embedding; steps are grouped by cosine similarity (bipace).")
+        None, fail_fast=True,
+        description="State embedding; steps are grouped by cosine similarity (bipace).")
     reward: RewardValue | None = Field(None, description="Step (process) reward.")
 
 
@@ -106,22 +110,31 @@ class Rollout(Contract):
     num_tokens: int | None = Field(
         None, ge=0, le=MAX_TOKENS_PER_ROLLOUT, description="Response length in tokens; needed for dense and rle advantages. "
         "Defaults to len(token_ids).")
-    token_ids: list[int] | None = Field(None, description="Response token ids (num_tokens entries).")
+    token_ids: list[int] | None = Field(None, fail_fast=True,
+                                        description="Response token ids (num_tokens entries).")
     mask: list[int] | None = Field(
-        None, description="0/1 per token; advantages are exactly 0 where it is 0 "
+        None, fail_fast=True,
+        description="0/1 per token; advantages are exactly 0 where it is 0 "
         "(tool or observation tokens).")
     segments: list[Segment] | None = Field(
-        None, description="Labelled, non-overlapping token spans inside [0, num_tokens).")
-    turns: list[Turn] | None = Field(None, description="Turn spans of a multi-turn rollout.")
-    steps: list[Step] | None = Field(None, description="Agent steps, for step-level credit.")
+        None, fail_fast=True,
+        description="Labelled, non-overlapping token spans inside [0, num_tokens).")
+    turns: list[Turn] | None = Field(None, fail_fast=True,
+                                     description="Turn spans of a multi-turn rollout.")
+    steps: list[Step] | None = Field(None, fail_fast=True,
+                                     description="Agent steps, for step-level credit.")
     token_rewards: list[RewardValue] | None = Field(
-        None, description="Per-token rewards (num_tokens entries).")
+        None, fail_fast=True,
+        description="Per-token rewards (num_tokens entries).")
     values: list[FiniteFloat] | None = Field(
-        None, description="Per-token value estimates (num_tokens entries).")
+        None, fail_fast=True,
+        description="Per-token value estimates (num_tokens entries).")
     kl: list[FiniteFloat] | None = Field(
-        None, description="Per-token KL penalty terms (num_tokens entries), for reinforce_pp.")
+        None, fail_fast=True,
+        description="Per-token KL penalty terms (num_tokens entries), for reinforce_pp.")
     signal: list[FiniteFloat] | None = Field(
-        None, description="Per-token external signal h (hindsight/teacher), for modulate.")
+        None, fail_fast=True,
+        description="Per-token external signal h (hindsight/teacher), for modulate.")
     greedy: bool = Field(False, description="The group's greedy rollout (baseline of remax).")
     label: Name | None = Field(
         None, description="Intermediate outcome label (strata of outcome_conditioned).")
@@ -131,7 +144,8 @@ class Rollout(Contract):
     reward: RewardValue | None = Field(
         None, description="Precomputed scalar reward; enters the table as the component 'reward'.")
     rewards: dict[Name, RewardValue | None] | None = Field(
-        None, description="Precomputed reward components by name; null means missing.")
+        None, fail_fast=True,
+        description="Precomputed reward components by name; null means missing.")
 
 
 class Group(Contract):
@@ -141,10 +155,11 @@ class Group(Contract):
         description="Unique within the request; echoed verbatim in the response. Any string of "
         "1 to 256 characters without control characters (e.g. 'gsm8k/train/17').")
     prompt: str = Field("", description="The prompt, for verifiers and judges that read it.")
-    reference: dict[str, Any] = Field(
+    reference: FreeForm = Field(
         default_factory=dict,
         description="Verifier references: math {'answer': ...}; exact_match {'answer': ...}.")
-    rollouts: list[Rollout] = Field(min_length=1, description="The group's rollouts (N >= 1).")
+    rollouts: list[Rollout] = Field(min_length=1, fail_fast=True,
+                                    description="The group's rollouts (N >= 1).")
     data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
 
 
@@ -164,7 +179,7 @@ class Stage(Contract):
     """One named entry of the advantage catalogue with its parameters."""
 
     name: str = Field(description="Entry name; see GET /v1/estimators.")
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: FreeForm = Field(default_factory=dict)
 
 
 class AdvantageSpec(Contract):
@@ -173,18 +188,21 @@ class AdvantageSpec(Contract):
 
     estimator: str = Field("grpo", description="Estimator name; see GET /v1/estimators.")
     profile: Profile = Field(Profile.rewardd, description="Trainer conventions to reproduce.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Estimator parameters.")
+    params: FreeForm = Field(default_factory=dict, description="Estimator parameters.")
     aggregate: str = Field(
         "sum", description="Multi-reward aggregation: 'sum' (weighted sum, then the estimator), "
         "'gdpo', 'sa_mrpo', 'dara' or 'gd2po'.")
-    aggregate_params: dict[str, Any] = Field(default_factory=dict)
+    aggregate_params: FreeForm = Field(default_factory=dict)
     transforms: list[Stage] = Field(
-        default_factory=list, description="Reward transforms applied in order before the "
+        default_factory=list, fail_fast=True,
+        description="Reward transforms applied in order before the "
         "estimator (rank, overlong, prm_clip, prm_delta).")
     reweight: list[Stage] = Field(
-        default_factory=list, description="Reweighting applied in order after the estimator.")
+        default_factory=list, fail_fast=True,
+        description="Reweighting applied in order after the estimator.")
     filters: list[Stage] = Field(
-        default_factory=list, description="Filters and advice, reported under `advice`; never "
+        default_factory=list, fail_fast=True,
+        description="Filters and advice, reported under `advice`; never "
         "applied to the advantages.")
     components: bool = Field(
         False, description="Also return each component's own advantages (scalar per rollout).")
@@ -192,7 +210,7 @@ class AdvantageSpec(Contract):
         "rle", description="dense: floats per token; rle: [[value, length], ...]; "
         "scalar: one float per rollout; none: no advantages.")
     weights: dict[Name, Weight] = Field(
-        default_factory=dict,
+        default_factory=dict, fail_fast=True,
         description="Weights of precomputed components sent on rollouts (default 1.0 each).")
 
 
@@ -200,5 +218,5 @@ class AdvantagesRequest(Contract):
     """Body of POST /v1/advantages: advantages from rewards the rollouts already carry."""
 
     run_id: Name | None = None
-    groups: list[Group] = Field(min_length=1)
+    groups: list[Group] = Field(min_length=1, fail_fast=True)
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)

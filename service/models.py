@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rewardd.advantages.bounds import FreeForm
 from rewardd.advantages.models import (MAX_TOKENS_PER_ROLLOUT, AdvantageSpec,  # noqa: F401
                                        AdvantagesRequest, Contract,
                                        FiniteFloat, Group, Name, OutputFormat, Profile,
@@ -27,9 +28,10 @@ class RewardSpec(Contract):
     name: Name = Field(description="Component name; keys of `rewards` and `status` in responses.")
     verifier: str = Field(description="Verifier kind; see GET /v1/verifiers.")
     weight: Weight = Field(1.0, description="Weight in the weighted sum of components.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Verifier parameters.")
+    params: FreeForm = Field(default_factory=dict, description="Verifier parameters.")
     segments: list[Name] | None = Field(
-        None, description="Segment labels this component's advantage is routed to "
+        None, fail_fast=True,
+        description="Segment labels this component's advantage is routed to "
         "(token routing; not available in this release: a request using it gets 422).")
     fallback: RewardValue | None = Field(
         None, description="Reward used when this cell fails. Unset (default): a rollout with a "
@@ -47,8 +49,10 @@ class ScoreRequest(Contract):
                              "dropout draws a new subset of criteria per step.")
     evaluation: bool = Field(False, description="An evaluation batch: judges grade the full "
                              "rubric (no rubric dropout).")
-    groups: list[Group] = Field(min_length=1, description="Rollout groups, one per prompt.")
-    rewards: list[RewardSpec] = Field(min_length=1, description="Reward components to compute.")
+    groups: list[Group] = Field(min_length=1, fail_fast=True,
+                                description="Rollout groups, one per prompt.")
+    rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True,
+                                      description="Reward components to compute.")
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
 
 
@@ -58,16 +62,16 @@ class RewardsRequest(Contract):
     run_id: Name | None = None
     step: int | None = Field(None, ge=0, description="Training step (rubric dropout).")
     evaluation: bool = Field(False, description="An evaluation batch (no rubric dropout).")
-    groups: list[Group] = Field(min_length=1)
-    rewards: list[RewardSpec] = Field(min_length=1)
+    groups: list[Group] = Field(min_length=1, fail_fast=True)
+    rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True)
 
 
 class VerifyRequest(Contract):
     """Body of POST /v1/verify/{verifier}: one item, for debugging a verifier."""
 
     completion: str = Field(description="Text to verify.")
-    reference: dict[str, Any] = Field(default_factory=dict)
-    params: dict[str, Any] = Field(default_factory=dict)
+    reference: FreeForm = Field(default_factory=dict)
+    params: FreeForm = Field(default_factory=dict)
     prompt: str = ""
     num_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS_PER_ROLLOUT)
     timeout_s: float | None = Field(None, gt=0)

@@ -3,14 +3,15 @@ with its exact path.
 
 The advantage step's own rules (per-token lengths, spans, duplicate ids, catalogue entries)
 live below, in :mod:`rewardd.advantages.checks`, and are re-exported here; this module adds
-the verifier components' (names, parameters, time limits). Every error is collected and raised
-as one :class:`RequestInvalid` (a 422 with FastAPI's ``{"detail": [{"loc", "msg", "type"}]}``
-shape).
+the verifier components' (names, parameters, time limits). Errors are collected lazily (the
+checks are generators) and raised as one :class:`RequestInvalid` (a 422 with FastAPI's
+``{"detail": [{"loc", "msg", "type"}]}`` shape), stopping after ``MAX_ERRORS`` of them.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from itertools import chain
+from typing import Iterator, Sequence
 
 from rewardd.advantages.checks import (check_advantage, check_groups, raise_if,
                                        tokens_needed_for, validate_params)
@@ -19,26 +20,25 @@ from rewardd.service.models import Group, RewardSpec, RewardsRequest, ScoreReque
 from rewardd.service.settings import Settings
 from rewardd.verifiers import get_verifier
 
-def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> list[dict]:
-    errors: list[dict] = []
+
+def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Iterator[dict]:
     names: dict[str, int] = {}
     for k, spec in enumerate(specs):
         loc: Loc = ("body", "rewards", k)
         if spec.name in names:
-            errors.append(error(loc + ("name",), f"duplicate reward name {spec.name!r} "
-                                f"(first at rewards[{names[spec.name]}])"))
+            yield error(loc + ("name",), f"duplicate reward name {spec.name!r} "
+                        f"(first at rewards[{names[spec.name]}])")
         names.setdefault(spec.name, k)
         try:
             verifier = get_verifier(spec.verifier)
         except KeyError as exc:
-            errors.append(error(loc + ("verifier",), exc.args[0]))
+            yield error(loc + ("verifier",), exc.args[0])
         else:
-            errors.extend(validate_params(verifier.Params, spec.params, loc + ("params",)))
+            yield from validate_params(verifier.Params, spec.params, loc + ("params",))
         if spec.segments is not None:
-            errors.append(error(loc + ("segments",), "segment routing of reward components is "
-                                "not available in this release; drop 'segments'"))
-        errors.extend(check_timeout(spec.timeout_s, settings, loc + ("timeout_s",)))
-    return errors
+            yield error(loc + ("segments",), "segment routing of reward components is not "
+                        "available in this release; drop 'segments'")
+        yield from check_timeout(spec.timeout_s, settings, loc + ("timeout_s",))
 
 
 def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list[dict]:
@@ -65,9 +65,7 @@ def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) 
 def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """Every cross-field rule of a /v1/score or /v1/rewards body; raises RequestInvalid."""
     spec = getattr(req, "advantage", None)
-    errors = check_groups(req.groups, tokens_needed_for(spec))
-    errors += check_reward_specs(req.rewards, settings)
-    errors += check_component_names(req.rewards, req.groups)
-    if spec is not None:
-        errors += check_advantage(spec, req.groups, req.run_id)
-    raise_if(errors)
+    raise_if(chain(check_groups(req.groups, tokens_needed_for(spec)),
+                   check_reward_specs(req.rewards, settings),
+                   check_component_names(req.rewards, req.groups),
+                   check_advantage(spec, req.groups, req.run_id) if spec is not None else ()))
