@@ -572,6 +572,8 @@ class MemoryMeter:
         self.level = level
         self.next_check = 0.0
         self.next_precise = 0.0
+        self.shared = 0
+        """What the last precise pass found the bound to overcount (pages shared by fork)."""
         self.held = 0
         """Bytes the run held when it was found over its limit."""
 
@@ -612,11 +614,16 @@ class MemoryMeter:
         bound = self._sum(pids, "status", (b"RssAnon", b"RssShmem"))
         if bound is not None and tmpfs + bound <= self.limit:
             return False
-        if now < self.next_precise:
+        # between precise passes, the bound less the sharing the last one found decides
+        # whether one is due now: the spacing only spares D a run over by sharing alone
+        if (now < self.next_precise and bound is not None
+                and tmpfs + bound - self.shared <= self.limit):
             return False
         started = time.monotonic()
         precise = self._sum(pids, "smaps_rollup", (b"Pss_Anon", b"Pss_Shmem"))
         self.next_precise = started + PRECISE_SPACING * (time.monotonic() - started)
+        if precise is not None and bound is not None:
+            self.shared = max(0, bound - precise)
         held = tmpfs + (precise if precise is not None else bound or 0)
         if held <= self.limit:
             return False
