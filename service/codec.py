@@ -9,12 +9,30 @@ msgpack goes by three media types: ``application/vnd.msgpack`` (the IANA registr
 Each is read as a request body, and a response is msgpack when ``Accept`` names one of them
 with a quality at least that of ``application/json``; it carries the type the client named,
 so a client that only knows one of them gets that one back.
+
+Text is read with the rules it is written with: a string the service accepts is valid
+Unicode, so every writer (orjson for JSON responses and job results, msgpack, the Redis job
+store, judges' HTTP bodies, sandbox files) can encode it. orjson (the reader and the writer)
+refuses a lone UTF-16 surrogate (``"\\ud800"`` without its pair, which RFC 8259 leaves to
+the implementation); the stdlib reader we fall back to for ``NaN`` accepts it, and such a
+completion used to answer 500 on /v1/verify and /v1/score and lose the batch. Such a string
+is now a **422 naming the field** (type ``string_unicode``) on both wires: JSON with an
+unpaired ``\\uD800``-``\\uDFFF`` escape, msgpack with a string that is not UTF-8 (msgpack
+requires UTF-8; raw bytes belong in ``bin``). Carrying them through was the alternative
+(msgpack can write them with ``surrogatepass``), but the bytes it writes are not UTF-8, so
+every client's msgpack reader would fail instead, and JSON cannot carry them at all. The
+check costs nothing on the usual path: it runs only when orjson or strict msgpack refused
+the body (then a walk over the decoded strings names the first bad one).
+
+Nesting depth: both decoders refuse more than 1024 levels (a 400); free-form fields are
+bounded far below that by the models (:mod:`rewardd.advantages.bounds`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+import re
+from typing import Any, Iterator, TypeVar
 
 import msgpack
 import numpy as np
@@ -25,7 +43,7 @@ from pydantic import BaseModel, ValidationError
 
 from rewardd.service.gcpause import gc_paused
 from rewardd.advantages.checks import pydantic_errors
-from rewardd.advantages.errors import RequestInvalid
+from rewardd.advantages.errors import Loc, RequestInvalid, error
 
 MSGPACK = "application/msgpack"
 VND_MSGPACK = "application/vnd.msgpack"
@@ -64,23 +82,89 @@ async def read_body(request: Request, max_bytes: int,
 
 
 def decode(body: bytes, content_type: str) -> Any:
+    """The body as Python data; 400 when it is not the format it says, 415 for other
+    formats, 422 naming the field for a string that is not valid Unicode."""
     media = content_type.split(";")[0].strip().lower() or JSON
     if media in MSGPACK_TYPES:
         try:
             return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except UnicodeDecodeError as exc:  # a str that is not UTF-8: name it
+            bad = exc
         except Exception as exc:  # msgpack raises several unrelated types
             raise BodyError(400, f"body is not valid msgpack: {exc}") from None
+        try:
+            data = msgpack.unpackb(body, raw=False, strict_map_key=False,
+                                   unicode_errors="surrogateescape")
+        except Exception:
+            data = None
+        refuse_invalid_text(data, "msgpack")
+        raise BodyError(400, f"body is not valid msgpack: {bad}")
     if media == JSON or media.endswith("+json"):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
         try:  # the stdlib reads NaN/Infinity, so the model can name the offending field
-            return json.loads(body)
+            data = json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise BodyError(400, f"body is not valid JSON: {exc}") from None
+        if _SURROGATE_ESCAPE.search(body):  # it also reads lone surrogates: refuse them
+            refuse_invalid_text(data, "JSON")
+        return data
     raise BodyError(415, f"unsupported Content-Type {media!r}; send {JSON}, {MSGPACK} or "
                     f"{VND_MSGPACK}")
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: paired ones are fine, lone ones are not text."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _strings(data: Any, wire: str) -> Iterator[tuple[Loc, str]]:
+    """Every string in decoded data (map keys too) with its path, iteratively."""
+    stack: list[tuple[Loc, Any]] = [(("body",), data)]
+    while stack:
+        loc, node = stack.pop()
+        if isinstance(node, str):
+            yield loc, node
+        elif isinstance(node, dict):
+            children = []
+            for key, value in node.items():
+                if isinstance(key, str):
+                    yield loc + (_printable(key, wire),), key
+                children.append((loc + (_printable(key, wire) if isinstance(key, str)
+                                        else key,), value))
+            stack.extend(reversed(children))  # popped in document order
+        elif isinstance(node, list):
+            stack.extend((loc + (k,), v) for k, v in reversed(list(enumerate(node))))
+
+
+def _printable(text: str, wire: str) -> str:
+    """``text`` as a loc can carry it: lone surrogates as ``\\udXXX`` (JSON), bytes that
+    were not UTF-8 as ``\\xXX`` (msgpack)."""
+    if wire == "msgpack":
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def refuse_invalid_text(data: Any, wire: str) -> None:
+    """Raise a 422 naming the first string in ``data`` that is not valid Unicode (a lone
+    surrogate; from msgpack, undecodable bytes kept as ``surrogateescape``)."""
+    for loc, text in _strings(data, wire):
+        if text.isascii():
+            continue
+        found = _SURROGATE.search(text)
+        if found is None:
+            continue
+        code, at = ord(found.group()), found.start()
+        if wire == "msgpack":
+            why = (f"is not valid UTF-8 (byte 0x{code - 0xDC00:02X} at character {at}): "
+                   "msgpack strings must be UTF-8; send raw bytes as bin")
+        else:
+            why = (f"has a lone surrogate \\u{code:04x} at character {at}, which is not "
+                   "Unicode text: a \\uD800-\\uDBFF escape must be followed by a "
+                   "\\uDC00-\\uDFFF one")
+        raise RequestInvalid([error(loc, f"string {why}", "string_unicode")])
 
 
 async def read_model(request: Request, model: type[M]) -> M:
