@@ -201,8 +201,9 @@ class Config:
         return None if self.db is None else f"redis://127.0.0.1:6379/{self.db}"
 
 
-def start(config: Config, concurrency: int) -> None:
-    env = child_env()
+def start(config: Config, concurrency: int, extra_env: dict[str, str] | None = None) -> None:
+    """Start ``config``'s API server (and workers), ``extra_env`` added to their environment."""
+    env = {**child_env(), **(extra_env or {})}
     env["REWARDD_LOG_LEVEL"] = "info"
     port = free_port()
     if config.broker:
