@@ -31,7 +31,13 @@
     ``GET /v1/jobs/{id}``.
 
   Reconnect with ``Last-Event-ID`` to get only later events (ids are stored with the job,
-  so this works on any pod). A comment line (``: keep-alive``) goes out after 15 s of
+  so this works on any pod). The header must be an id the stream has sent: a decimal
+  integer from 0 to the job's latest event id (blank counts as absent); anything else
+  (``abc``, ``-1``, ``99999999999999999999999``, an id past the latest event) is a **422**
+  naming the header, before the stream starts. An id past the end is refused rather than
+  read as "resume from the end" because it names no event the client could have seen: a
+  client that sends one has lost track of the stream, and an empty stream would hide that
+  (it used to answer 200 and then cut the stream off on Redis). A comment line (``: keep-alive``) goes out after 15 s of
   silence, so proxies do not cut an idle stream.
 
 * ``DELETE /v1/jobs/{id}``: cancel. Idempotent: always **200** with the job as GET shows it
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -75,6 +82,11 @@ HEARTBEAT_S = 15.0
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No such job for this tenant (never existed, "
           "expired job_ttl_s after it finished, or another tenant's)."}}
+
+
+BAD_EVENT_ID: dict[int | str, dict[str, Any]] = {
+    422: {"model": ErrorResponse, "description": "`Last-Event-ID` is not an id this job's "
+          "stream has sent (an integer from 0 to its latest event id)."}}
 
 
 def _links(job_id: str) -> dict[str, str]:
@@ -193,6 +205,25 @@ async def cancel(job_id: str, request: Request,
     return render(request, {**job.view(), "result": None})
 
 
+_EVENT_ID = re.compile(r"[0-9]{1,19}")
+
+
+async def _resume_after(store: JobStore, job_id: str, header: str | None) -> int:
+    """The event id a ``Last-Event-ID`` header resumes after (0 without one); a 422 naming
+    the header unless it is an id the job's stream has sent."""
+    text = (header or "").strip()
+    if not text:
+        return 0
+    last = await store.last_event(job_id)
+    if _EVENT_ID.fullmatch(text) is None or int(text) > last:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise RequestInvalid([error(
+            ("header", "Last-Event-ID"), f"must be the id of an event this job's stream has "
+            f"sent: an integer from 0 to {last} (its latest event so far); got {shown!r}. "
+            "Omit the header to read the stream from its start")])
+    return int(text)
+
+
 def _sse(event_id: int | None, kind: str, data: bytes) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {kind}\n".encode() + b"data: " + data + b"\n\n"
@@ -229,7 +260,7 @@ async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[byt
                              "terminal `succeeded`/`failed`/`cancelled` event (see the "
                              "jobs documentation).",
                              "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-                       **NOT_FOUND})
+                       **NOT_FOUND, **BAD_EVENT_ID})
 async def events(job_id: str, request: Request, tenant: Tenant = Depends(current_tenant),
                  last_event_id: str | None = Header(
                      None, alias="Last-Event-ID",
@@ -237,7 +268,7 @@ async def events(job_id: str, request: Request, tenant: Tenant = Depends(current
                  ) -> StreamingResponse:
     """Events of the job as they happen; resumable with `Last-Event-ID`."""
     job = await _own(request, tenant, job_id)
-    after = int(last_event_id) if last_event_id and last_event_id.strip().isdigit() else 0
+    after = await _resume_after(request.app.state.jobs, job.id, last_event_id)
     return StreamingResponse(_stream(request.app.state.jobs, job.id, after),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -9,13 +9,16 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
+from rewardd.service.models import ErrorResponse
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 
 router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
 
 
-@router.get("/runs/{run_id}", summary="Run state")
+@router.get("/runs/{run_id}", summary="Run state",
+            responses={404: {"model": ErrorResponse, "description": "The run has no state for "
+                             "this tenant (never seen, expired or reset, or another tenant's)."}})
 async def view_run(run_id: str, request: Request,
                    tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
     """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run."""

@@ -22,7 +22,9 @@ Two stores share the interface :class:`JobStore`:
     that must be resumed needs it);
   - ``...:result``: the ``/v1/score`` response as JSON bytes, exactly what the route sends;
   - ``...:events``: the job's event list (group and terminal events) for the SSE stream; an
-    event's id is its position in the list (1-based), so ``Last-Event-ID`` resumes exactly;
+    event's id is its position in the list (1-based), so ``Last-Event-ID`` resumes exactly
+    (the route accepts only ids from 0 to the list's length: LRANGE takes signed 64-bit
+    indexes, and an id past the end names no event the client could have seen);
   - ``...:lease``: the pod running the job (see :mod:`rewardd.service.jobs.runner`), with an expiry
     the runner renews;
 
@@ -204,6 +206,10 @@ class JobStore(abc.ABC):
         """Events with ``seq > after``, in order."""
 
     @abc.abstractmethod
+    async def last_event(self, job_id: str) -> int:
+        """The id (``seq``) of the job's latest stored event; 0 before the first."""
+
+    @abc.abstractmethod
     async def renew(self, job_id: str, owner: str) -> str:
         """Renew ``owner``'s lease. ``"ok"``; ``"lost"`` when another pod holds it;
         ``"gone"`` when the job expired; else the job's final state (e.g. cancelled)."""
@@ -351,6 +357,10 @@ class MemoryJobStore(JobStore):
             return []
         return [decode_event(seq, raw)
                 for seq, raw in enumerate(entry.events[after:], start=after + 1)]
+
+    async def last_event(self, job_id: str) -> int:
+        entry = self._live(job_id)
+        return len(entry.events) if entry is not None else 0
 
     async def renew(self, job_id: str, owner: str) -> str:
         entry = self._live(job_id)
@@ -572,6 +582,9 @@ class RedisJobStore(JobStore):
     async def events(self, job_id: str, after: int = 0) -> list[Event]:
         raw = await self.client.lrange(job_key(job_id, "events"), after, -1)
         return [decode_event(seq, item) for seq, item in enumerate(raw, start=after + 1)]
+
+    async def last_event(self, job_id: str) -> int:
+        return int(await self.client.llen(job_key(job_id, "events")))
 
     async def renew(self, job_id: str, owner: str) -> str:
         status = await self._renew(keys=[job_key(job_id, "lease"), job_key(job_id)],
