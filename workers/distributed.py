@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +50,7 @@ from rewardd.workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, 
                                 max_samples_per_task, parse_exitcode, redact_url,
                                 task_time_limits)
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
-                              ProgressCallback, VerifyCall, keeps_group_whole)
+                              ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
 from rewardd.workers.packing import Pack, pack_target, plan
 from rewardd.workers.routing import DEFAULT_QUEUE, Router
 
@@ -334,6 +335,9 @@ class CeleryExecutor(Executor):
             for task_id, call, fut in part:
                 error = errors.get(task_id)
                 queue = self.router.queue_for(call.verifier)
+                if isinstance(error, _Unsendable):  # the payload's fault, never retried
+                    fut.set_result(_refused(call, error.cause))
+                    continue
                 if error is not None:
                     metrics.TASKS.labels(queue, "unavailable").inc()
                     fut.set_result(_all_failed(call, _unavailable(
@@ -385,9 +389,18 @@ class CeleryExecutor(Executor):
         Celery's publish retries), marks the rest failed and returns that error."""
         for index, (task_id, call) in enumerate(jobs):
             soft, hard = task_time_limits(call)
+            args = call.task_args()
+            try:
+                # the worker's prefork pool pickles the arguments again, and an error there
+                # stops the worker (Celery's "Unrecoverable error") and, the message being
+                # acknowledged late, every worker that gets it next: refuse it here instead
+                pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # RecursionError (nested too deep), anything
+                errors[task_id] = _Unsendable(exc)
+                continue
             try:
                 self._verify.apply_async(
-                    args=call.task_args(), task_id=task_id, producer=producer,
+                    args=args, task_id=task_id, producer=producer,
                     queue=self.router.queue_for(call.verifier),
                     soft_time_limit=soft, time_limit=hard,
                     expires=self.settings.queue_timeout_s,
@@ -729,6 +742,24 @@ class CeleryExecutor(Executor):
 
 
 # ---- mapping stored results to typed outcomes -------------------------------------------------
+
+class _Unsendable(Exception):
+    """A call whose arguments would not pickle for a worker (the cause)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _refused(call: Pack, exc: BaseException) -> list[ItemResult] | None:
+    """The items of a pack that could not be sent: one group's samples all get
+    :func:`unsendable`'s failure (they share the reference); a pack of several groups is
+    replayed one sample per task (None), as when it fails as a whole, so only the culprit
+    group's samples fail."""
+    if len(call.parts) > 1:
+        return None
+    return _all_failed(call, unsendable(call.parts[0].call, exc), 0.0)
+
 
 def _unavailable(message: str) -> Outcome:
     return Outcome.failure(FailureKind.unavailable, message)

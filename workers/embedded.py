@@ -47,7 +47,7 @@ from pebble.common import ProcessExpired
 
 from rewardd.verifiers.base import FailureKind, Outcome
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
-                              ProgressCallback, VerifyCall, keeps_group_whole)
+                              ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
 from rewardd.workers.tasks import init_worker, ping_task, verify_group_task
 
 log = logging.getLogger(__name__)
@@ -79,46 +79,22 @@ class Refused:
 
 
 class _Sealed:
-    """The arguments of one :func:`~rewardd.workers.tasks.verify_group_task` call, pickled by
-    the seal itself when pebble sends the task (see the module docstring)."""
+    """One call's task arguments (:meth:`VerifyCall.task_args`), built and pickled by the
+    seal itself when pebble sends the task (see the module docstring)."""
 
-    __slots__ = ("args",)
+    __slots__ = ("call",)
 
-    def __init__(self, args: tuple[Any, ...]) -> None:
-        self.args = args
+    def __init__(self, call: VerifyCall) -> None:
+        self.call = call
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         try:
-            blob = pickle.dumps(self.args, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = pickle.dumps(self.call.task_args(), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # RecursionError, PicklingError, MemoryError: anything
-            return Refused, (refusal(self.args, exc),)
+            failure = unsendable(self.call, exc).to_dict()
+            return Refused, ([{"outcome": failure, "elapsed_s": 0.0}
+                              for _ in self.call.samples],)
         return pickle.loads, (blob,)
-
-
-def refusal(args: tuple[Any, ...], exc: BaseException) -> list[dict[str, Any]]:
-    """The failure items of a call whose task arguments (``args`` of
-    :meth:`VerifyCall.task_args`) would not pickle: the part to blame named, the reason, and
-    what to do."""
-    verifier, samples, reference, params, _timeout, context = args
-    part = next((name for name, value in (("reference", reference), ("params", params),
-                                          ("samples", samples), ("context", context))
-                 if not _pickles(value)), "arguments")
-    fix = ("it nests too deeply; flatten it (a few hundred levels at most) or send the "
-           "nested part as a JSON string" if isinstance(exc, RecursionError)
-           else "send plain JSON values")
-    kind = FailureKind.invalid_reference if part == "reference" else FailureKind.error
-    outcome = Outcome.failure(
-        kind, f"the group's {part} could not be sent to a worker of verifier {verifier!r} "
-        f"({type(exc).__name__}: {exc}): {fix}", unsendable=part).to_dict()
-    return [{"outcome": outcome, "elapsed_s": 0.0} for _ in samples]
-
-
-def _pickles(value: Any) -> bool:
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # RecursionError included: the culprit
-        return False
-    return True
 
 
 def run_sealed(args: tuple[Any, ...] | Refused) -> list[dict[str, Any]]:
@@ -197,7 +173,7 @@ class EmbeddedExecutor(Executor):
             return result
         pool = self._live_pool()
         try:
-            fut = pool.schedule(run_sealed, args=(_Sealed(call.task_args()),),
+            fut = pool.schedule(run_sealed, args=(_Sealed(call),),
                                 timeout=call.hard_limit_s())
         except RuntimeError as exc:  # pool closed or broken
             result.set_result(_all_failed(call, Outcome.failure(

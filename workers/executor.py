@@ -10,11 +10,12 @@ comes back as a typed :class:`~rewardd.verifiers.base.Outcome`, never as an exce
 from __future__ import annotations
 
 import abc
+import pickle
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from rewardd.verifiers import REGISTRY
-from rewardd.verifiers.base import Outcome, Sample
+from rewardd.verifiers.base import FailureKind, Outcome, Sample
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of checks (samples) that just finished, for progress bars."""
@@ -87,6 +88,33 @@ class VerifyCall:
     def one(self, index: int) -> VerifyCall:
         """The call for sample ``index`` alone (to replay a group that was killed)."""
         return replace(self, samples=(self.samples[index],))
+
+
+def pickles(value: Any) -> bool:
+    """True when ``value`` pickles, as every task's arguments must on their way to a worker
+    process (pebble's pool; Celery's prefork pool re-pickles what the broker delivered)."""
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # RecursionError, PicklingError, MemoryError: anything
+        return False
+    return True
+
+
+def unsendable(call: VerifyCall, exc: BaseException) -> Outcome:
+    """The typed failure of ``call`` when its arguments would not pickle (``exc``): the part
+    to blame (reference, params, samples or context), why, and what to do about it;
+    ``invalid_reference`` when it is the reference, else ``error``. Never retried: the same
+    payload fails the same way."""
+    parts = (("reference", call.reference), ("params", call.params),
+             ("samples", call.samples), ("context", call.context))
+    part = next((name for name, value in parts if not pickles(value)), "arguments")
+    fix = ("it nests too deeply; flatten it (a few hundred levels at most) or send the "
+           "nested part as a JSON string" if isinstance(exc, RecursionError)
+           else "send plain JSON values")
+    kind = FailureKind.invalid_reference if part == "reference" else FailureKind.error
+    return Outcome.failure(kind, f"the group's {part} could not be sent to a worker of "
+                           f"verifier {call.verifier!r} ({type(exc).__name__}: {exc}): {fix}",
+                           unsendable=part)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,16 +22,11 @@ from rewardd.verifiers.base import Sample
 from rewardd.workers.embedded import EmbeddedExecutor
 from rewardd.workers.executor import CallResult, VerifyCall
 from rewardd.workers.tasks import ping_task
+from tests.support.hostile import UNSENDABLE_MESSAGE, nested
 
 PLUGINS = ("tests.plugins.faulty",)
 HANG_S = 60.0  # a bound against hangs only
 
-
-def nested(depth: int) -> Any:
-    value: Any = "leaf"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
 
 
 def call(reference: dict[str, Any], completions: tuple[str, ...] = ("4", "5"),
@@ -65,17 +60,13 @@ def executor() -> Iterator[EmbeddedExecutor]:
 
 def test_a_reference_nested_500_deep_fails_its_own_call_and_the_pool_keeps_serving(
         executor: EmbeddedExecutor) -> None:
-    deep, fine = run(executor, call({"answer": "4", "extra": nested(500)}),
+    deep, fine = run(executor, call({"answer": "4", "extra": nested()}),
                      call({"answer": "4"}))
     assert errors(deep) == ["invalid_reference", "invalid_reference"]
     assert not deep.replayed  # a refused call is its own answer, never replayed
     detail = deep.items[0].outcome.detail
     assert detail["unsendable"] == "reference"
-    assert detail["message"] == (
-        "the group's reference could not be sent to a worker of verifier 'exact_match' "
-        "(RecursionError: maximum recursion depth exceeded while pickling an object): it "
-        "nests too deeply; flatten it (a few hundred levels at most) or send the nested "
-        "part as a JSON string")
+    assert detail["message"] == UNSENDABLE_MESSAGE
     assert [item.outcome.reward for item in fine.items] == [1.0, 0.0]
     [after] = run(executor, call({"answer": "5"}))
     assert [item.outcome.reward for item in after.items] == [0.0, 1.0]
