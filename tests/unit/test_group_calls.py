@@ -83,7 +83,7 @@ async def test_a_sleeper_times_out_alone_in_about_one_limit(executor: EmbeddedEx
     assert sleeper.outcome.detail["limit_s"] == limit and sleeper.elapsed_s == limit
     assert "interrupted" in sleeper.outcome.detail["message"]  # the soft deadline, no kill
     assert not result.replayed
-    assert took < 3 * limit
+    assert took < 10 * limit  # not the 30 s sleep; generous for a loaded machine
 
 
 async def test_every_sample_keeps_its_own_limit(executor: EmbeddedExecutor) -> None:
@@ -91,7 +91,7 @@ async def test_every_sample_keeps_its_own_limit(executor: EmbeddedExecutor) -> N
     result, took = await run_one(executor, group_call("test_sleep", ["1", "2", "3"], 0.5,
                                                       seconds=30))
     assert errors(result) == ["timeout"] * 3 and not result.replayed
-    assert took < 3 * 0.5 + 1.5
+    assert took < 3 * 0.5 + 10.0  # not 3 x 30 s; generous for a loaded machine
 
 
 async def test_an_uninterruptible_sample_is_killed_and_the_group_replayed(
