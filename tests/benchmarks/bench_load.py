@@ -1,48 +1,57 @@
 """Benchmark: load and soak with a hostile second tenant (issue 15).
 
-    .venv/bin/python tests/benchmarks/bench_load.py [--soak-s 600] [--quick]
+    .venv/bin/python tests/benchmarks/bench_load.py [--soak-s 600] [--quick] [--json out.json]
 
 Shared infrastructure is only as good as its worst neighbour. Two real servers, started side
 by side on loopback with ``REWARDD_API_KEYS=key1=t1,key2=t2``: ``embedded`` (``rewardd serve
 --pool-size C``) and ``distributed`` (``rewardd serve`` with
 ``REWARDD_BROKER_URL=redis://127.0.0.1:6379/<--db>`` and ``--dist-workers`` ``rewardd worker``
-processes of ``C`` verifier slots in all). Tenant ``t1`` may run 64 requests at once (the
-trainers never meet its limit); tenant ``t2`` is limited to 2 (``REWARDD_API_KEYS_FILE``).
+processes with ``C`` verifier slots in all), started and stopped with bench_distributed's
+helpers. Tenant ``t1`` may run 64 requests at once (the trainers never meet its limit);
+tenant ``t2`` is limited to 2 (``REWARDD_API_KEYS_FILE``).
 
-1. Load. Tenant ``t1``'s trainers, 8 and then 32 concurrent asyncio clients
+1. Load. ``t1``'s trainers, 8 and then 32 concurrent asyncio clients
    (:class:`rewardd_client.AsyncRewarddClient`, no retries: a 429 or 503 counts as an error),
-   send a fixed number (``--requests``) of ``/v1/score`` requests (``--load-groups`` x 16
-   generated math rollouts, a fresh batch each), once with ``t1`` alone and once while ``t2`` sends the
-   hostile requests of issue 15's table back to back. The two conditions alternate in
-   ``--passes`` interleaved passes (a shared machine's drift hits both alike), and before
-   every pass the servers' processes must be idle (CPU below 0.1 core), so the tail of one
-   pass's hostile request never lands in the next pass. Target: ``t1``'s p99 with the
-   hostile tenant at most 1.5x its p99 alone.
-2. Soak (``--soak-s``, default 600; 0 skips it): both configurations side by side, 8 trainers
-   each and the hostile tenant throughout; every ``--sample-s`` the resident memory (RSS) of
-   the API process and of the verifier processes (the embedded pool's children; the Celery
-   workers' process groups) and the distributed database's Redis key count. Targets: no
-   memory growth after warm-up (the first fifth of the soak, at least 30 s,
-   at most half), Redis keys
-   bounded (and back near zero once drained).
+   send a fixed number (``--requests``) of ``/v1/score`` requests of ``--load-groups`` x 16
+   generated math rollouts (a fresh batch each), once with ``t1`` alone and once while ``t2``
+   sends the hostile requests below back to back. Target: ``t1``'s p99 with the hostile
+   tenant at most 1.5x its p99 alone.
+2. Soak (``--soak-s``, default 600; 0 skips it): both configurations at once, 8 trainers each
+   and the hostile tenant throughout. Every ``--sample-s``: the resident memory (RSS) of the
+   API process and of the verifier processes (the embedded pool's children; the Celery
+   workers' process groups), and the distributed database's Redis key count. Targets: no
+   memory growth after warm-up (the first fifth of the soak, at least 30 s, at most half),
+   Redis keys bounded and back to their idle count once drained.
 
-The hostile tenant (probes, in rotation): a ~3 KB request nesting 500 levels in ``reference``
-(score, rewards, verify); a 1 MB msgpack ``/v1/advantages`` body whose ``mask`` is 1,000,000
-nulls; a lone surrogate ``"\\ud800"`` in a completion (verify, score); a 10^5-group score; a
-5 MB regex pattern (verify); 6 concurrent verify and 6 concurrent advantages calls against
-its limit of 2. It runs in a process of its own (reading a 100 MB error body must not stall
-the trainers' event loop), with a ``/healthz`` pinger every 0.2 s in both conditions. Each
-trainer request (and each ping) is blamed on the probe it overlapped longest, which gives a
-p99 per probe in one run (the probes run one at a time; a request held up by a slow probe
-also overlaps the quick ones sent after it, hence the longest overlap, not any). A probe still running when the
-trainers finish gets ``--probe-grace-s`` to end, then is cancelled. A server found not ready
-after a pass is recorded and restarted, so one fatal probe does not void the rest of the run.
+The hostile tenant sends, in rotation, issue 15's rows: a ~3 KB request nesting 500 levels in
+``reference`` (score, rewards, verify); a 1 MB msgpack ``/v1/advantages`` body whose ``mask``
+is 1,000,000 nulls; a lone surrogate ``"\\ud800"`` in a completion (verify, score); a
+10^5-group score (a valid one: 10 MB, a 38 MB answer); a 5 MB regex pattern (verify); 6
+concurrent verify and 6 concurrent advantages calls against its limit of 2.
 
-p50/p99 are nearest-rank over all requests of a condition (no medians of passes). RSS is
-summed over processes (pages shared by forked children count once per process, so the sum
-overstates the total; its growth is what matters). Every process started here runs in its
-own process group and is killed at the end, also on Ctrl-C or an error; the Redis database is
-flushed before and after. Nothing leaves 127.0.0.1.
+Design choices, and why:
+
+* The hostile tenant runs in a process of its own, with the ``/healthz`` pinger (every
+  0.2 s, in both conditions). In the trainers' event loop, reading a 38 MB answer would
+  stall the trainers' own clocks and blame the server for the client's work.
+* The conditions alternate in ``--passes`` interleaved passes, their order swapped each pass,
+  so a shared machine's drift hits both alike; before every pass the servers' processes must
+  be idle (under 0.1 core, read from /proc), so the tail of one pass's hostile request never
+  lands in the next. A probe still running when the trainers finish gets ``--probe-grace-s``,
+  then is cancelled (the server's work on it is then waited out by the idle check).
+* One run gives a p99 per probe: each trainer request (and each ping) is blamed on the probe
+  it overlapped longest. The probes run one at a time, but a request held up by a slow probe
+  also overlaps the quick ones sent after it, so "overlapped at all" would blame those too.
+  The alternative, one load run per probe, costs six times the time.
+* A server found not ready after a pass is recorded (the table's restarts column) and
+  restarted, so one fatal probe does not void the rest of the run.
+* p50/p99 are nearest-rank over all requests of a condition (no median of per-pass figures:
+  a pass of 80 requests has no p99 of its own). RSS is summed over processes: pages that
+  forked children share count once per process, so the sum overstates the total; its growth
+  is what is read.
+
+Every process started here runs in its own process group and is killed at the end, also on
+Ctrl-C or an error; the Redis database is flushed before and after. Nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -598,9 +608,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 32],
                         help="concurrent trainers of each load run")
-    parser.add_argument("--requests", type=int, default=320,
+    parser.add_argument("--requests", type=int, default=240,
                         help="load requests of each condition, whatever the trainers")
-    parser.add_argument("--passes", type=int, default=4,
+    parser.add_argument("--passes", type=int, default=3,
                         help="interleaved passes of each condition")
     parser.add_argument("--load-groups", type=int, default=2, help="groups of 16 per request")
     parser.add_argument("--concurrency", type=int, default=2,
@@ -608,7 +618,7 @@ def main() -> None:
     parser.add_argument("--dist-workers", type=int, choices=(1, 2), default=1,
                         help="rewardd worker processes of the distributed configuration")
     parser.add_argument("--db", type=int, default=9, help="Redis database of the distributed run")
-    parser.add_argument("--probe-grace-s", type=float, default=20.0,
+    parser.add_argument("--probe-grace-s", type=float, default=10.0,
                         help="a probe still running when the trainers finish gets this long")
     parser.add_argument("--soak-s", type=float, default=600.0,
                         help="soak duration (both configurations at once); 0: no soak")
@@ -626,6 +636,11 @@ def main() -> None:
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python",
                                                 "tests/benchmarks/bench_load.py", *sys.argv[1:]])
     load_start, began = os.getloadavg(), time.monotonic()
+
+    def interrupted(signum: int, _: Any) -> None:  # SIGTERM cleans up like Ctrl-C
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
     rollouts = args.load_groups * GROUP_SIZE
     seeds = iter(range(10_000_000, 1 << 62))
     split = [args.concurrency // args.dist_workers] * args.dist_workers
@@ -649,7 +664,7 @@ def main() -> None:
 
             # warm-up: imports, pool start, first math parses
             for s in servers:
-                asyncio.run(trainers(s.config.url, 8, args.load_groups, seeds, 48))
+                asyncio.run(trainers(s.config.url, 8, args.load_groups, seeds, 32))
             warm = {s.config.name: memory(s.config) for s in servers}
 
             conds: dict[tuple[str, int, bool], Condition] = defaultdict(Condition)
@@ -706,7 +721,9 @@ def main() -> None:
                                   "" if c is alone else
                                   f"{ratio:.2f}x ({'met' if ratio <= TARGET_RATIO else 'MISSED'})"])
             probe_table += probe_rows(f"{name}, {clients}", alone, hostile, rollouts, a["p99_s"])
-            results.setdefault("load", {})[f"{name}/{clients}"] = {"alone": a, "hostile": h}
+            results["probes"] = probe_table
+            results.setdefault("load", {})[f"{name}/{clients}"] = {
+                "alone": a, "hostile": h, "idle_wait_s": [alone.quiet_s, hostile.quiet_s]}
     if load_rows:
         print(f"### Load: tenant t1's trainers, {args.requests} requests per condition in "
               f"{args.passes} interleaved passes\n")
@@ -774,6 +791,11 @@ def main() -> None:
               rows, ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
                      "---:", "---", "---:"])
         for s in servers:
+            samples = soaked[s.config.name]["samples"]
+            shown = samples[::max(1, len(samples) // 10)]  # about ten points in time
+            print(f"- {s.config.name} over time (s: API MB / verifiers MB / Redis keys): " +
+                  ", ".join(f"{t:.0f}: {api:.0f}/{workers:.0f}/{'-' if keys is None else keys}"
+                            for t, api, workers, keys in shown))
             print(f"- {s.config.name} hostile answers: " + ", ".join(
                 f"{k} x{v}" for k, v in soaked[s.config.name]["probes"].most_common()))
     if verdicts:
