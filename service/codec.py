@@ -30,6 +30,7 @@ bounded far below that by the models (:mod:`rewardd.advantages.bounds`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, Iterator, TypeVar
@@ -175,8 +176,16 @@ async def read_model(request: Request, model: type[M]) -> M:
     if tenant is not None and tenant.max_body_bytes < limit:
         limit, setting = tenant.max_body_bytes, f"max_body_bytes of tenant {tenant.name!r}"
     body = await read_body(request, limit, setting)
+    # decoding and validating a large body takes seconds of CPU (a 10^5-group score: ~10 s
+    # on the loop, /healthz stalled meanwhile): in a worker thread, like the answer's encoding
+    return await asyncio.to_thread(parse_model, body, request.headers.get("content-type", JSON),
+                                   model)
+
+
+def parse_model(body: bytes, content_type: str, model: type[M]) -> M:
+    """Decode and validate a request body (CPU-bound: the routes run it off the event loop)."""
     with gc_paused():
-        data = decode(body, request.headers.get("content-type", JSON))
+        data = decode(body, content_type)
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -222,6 +231,12 @@ def msgpack_type(accept: str) -> str | None:
 
 def wants_msgpack(request: Request) -> bool:
     return msgpack_type(request.headers.get("accept", "")) is not None
+
+
+async def render_off_loop(request: Request, payload: Any, status: int = 200) -> Response:
+    """:func:`render` in a worker thread: encoding a large answer (hundreds of MB of dense
+    advantages) takes seconds of CPU that the event loop must not spend."""
+    return await asyncio.to_thread(render, request, payload, status)
 
 
 def render(request: Request, payload: Any, status: int = 200) -> Response:

@@ -2,6 +2,14 @@
 
 The HTTP routes, the CLI and embedding applications all call the functions here, so a batch
 scored offline and a batch scored over HTTP give the same bytes.
+
+Every CPU-bound step (validation, planning, the reward table, advantages; the routes do the
+same for decoding and encoding) runs in a worker thread (``asyncio.to_thread``), never on the
+event loop, which only awaits workers: otherwise a 10^5-group batch held /healthz, /readyz and
+every other tenant's request for 10-20 s. The threads still share the GIL, which Python code
+hands over every 5 ms (``sys.getswitchinterval``), so a probe waits for at most a few
+switch intervals, except behind one long C call (orjson encoding a 650 MB answer: ~1 s).
+The default thread pool bounds them (min(32, cores + 4) threads); each hop costs ~50 us.
 """
 
 from __future__ import annotations
@@ -130,10 +138,11 @@ async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: 
                         batch: BatchContext | None = None) -> list[Column]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
     component) as their groups finish; ``on_group`` hears of each finished group."""
-    calls = plan(flat, specs, settings, batch)
+    calls = await asyncio.to_thread(plan, flat, specs, settings, batch)  # O(rollouts)
     hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
     results = await run_calls(calls, executor, progress, hook)
-    return verifier_columns(specs, rollout_major(calls, results, len(specs)))
+    return await asyncio.to_thread(
+        lambda: verifier_columns(specs, rollout_major(calls, results, len(specs))))
 
 
 def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> CallDoneCallback:
@@ -152,6 +161,20 @@ def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> Cal
             on_group(gi, [parts[j] for j in range(num_specs)])
 
     return done
+
+
+def check_request(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
+    """The request's checks beyond its model (a 422 naming the field). CPU-bound (a 10^5-group
+    batch: seconds; a request's regex is compiled): callers run it off the event loop."""
+    with gc_paused():
+        validate_score(req, settings)
+
+
+def validated(req: ScoreRequest | RewardsRequest, settings: Settings) -> FlatBatch:
+    """:func:`check_request`, then the request's rollouts as one flat batch (off the loop)."""
+    check_request(req, settings)
+    with gc_paused():
+        return FlatBatch.of(req.groups)
 
 
 async def score(req: ScoreRequest, executor: Executor, settings: Settings,
@@ -174,9 +197,7 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
                                progress: ProgressCallback | None,
                                runs: RunStore | None,
                                on_group: GroupCallback | None = None) -> dict[str, Any]:
-    with gc_paused():
-        validate_score(req, settings)
-        flat = FlatBatch.of(req.groups)
+    flat = await asyncio.to_thread(validated, req, settings)
     columns = await run_verifiers(flat, req.rewards, executor, settings, progress, on_group,
                                   BatchContext.of(req))
 

@@ -63,6 +63,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
+from rewardd.service import pipeline
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
 from rewardd.service.codec import read_model, render, wants_msgpack
 from rewardd.advantages.errors import RequestInvalid, error
@@ -70,7 +71,6 @@ from rewardd.service.gcpause import gc_paused
 from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
 from rewardd.service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
-from rewardd.service.validation import validate_score
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -142,8 +142,8 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
     req = await read_model(request, ScoreRequest)
     state = request.app.state
     store: JobStore = state.jobs
-    with gc_paused():
-        validate_score(req, state.settings)  # a 422 now, never a failed job
+    await asyncio.to_thread(pipeline.check_request, req, state.settings)  # a 422 now, never a
+    # failed job; off the event loop like every CPU-heavy step (see service.pipeline)
     try:
         stored, digest = await asyncio.to_thread(_encode, req)
     except Exception as exc:  # e.g. msgpack bytes that JSON cannot carry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
@@ -30,7 +32,9 @@ async def verify(verifier: str, request: Request) -> Response:
         raise HTTPException(404, exc.args[0]) from None
     req = await read_model(request, VerifyRequest)
     settings = request.app.state.settings
-    raise_if(validate_params(impl.Params, req.params, ("body", "params"))
+    # off the event loop: validating params may compile a request's regex (megabytes)
+    raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params,
+                                     ("body", "params"))
              + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
     call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
                       req.reference, req.params, call_timeout(req.timeout_s, settings))
