@@ -1,8 +1,17 @@
-"""Per-tenant limits on work in flight: scoring requests and jobs running at once.
+"""Per-tenant limits on work in flight: requests that spend workers or CPU, and jobs.
 
-One tenant's burst must not take every worker from the others. Each scoring request and each
-running job holds a *slot* of its tenant; past ``Tenant.max_concurrent_jobs`` slots a new
-request gets 429 with ``Retry-After`` and nothing is started.
+One tenant's burst must not take every worker from the others. Every request of a route in
+:data:`SLOT_ROUTES` (each spends verifier workers or notable CPU in the API process) and
+each running job holds a *slot* of its tenant; past ``Tenant.max_concurrent_jobs`` slots a
+new request gets 429 with ``Retry-After`` and nothing is started, not even reading its body.
+The slot is taken before the body is read because reading and validating a batch is work
+too (a large msgpack body decodes and validates for seconds); a refusal then costs the API
+nothing. Catalogue, run-state and job-status reads take no slot: they are dictionary
+lookups, and a trainer polling its job must never be refused because its batches run.
+
+One pool of slots per tenant rather than one per route: the scarce resource (workers, API
+CPU) is shared by all routes, and a tenant limited to 2 must not get 2 per route (10 in all)
+by spreading its calls.
 
 Two stores of slots, one interface:
 
@@ -29,15 +38,20 @@ LEASE_S = 30.0
 
 RENEW_EVERY_S = LEASE_S / 3
 
+SLOT_ROUTES = ("/v1/score", "/v1/rewards", "/v1/advantages", "/v1/verify/{verifier}",
+               "/v1/jobs")
+"""Routes whose requests hold a tenant slot (a job holds one until it finishes)."""
+
 
 class TenantBusy(Exception):
     """The tenant is at its limit; the route answers 429 with Retry-After."""
 
     def __init__(self, tenant: Tenant, retry_after_s: int) -> None:
         super().__init__(
-            f"tenant {tenant.name!r} already has {tenant.max_concurrent_jobs} scoring "
-            f"requests or jobs running (its limit); retry after {retry_after_s} s, or ask "
-            "the operator to raise max_concurrent_jobs (REWARDD_TENANT_MAX_CONCURRENT_JOBS)")
+            f"tenant {tenant.name!r} already has {tenant.max_concurrent_jobs} requests "
+            "(score, rewards, advantages, verify) or jobs running (its limit); retry after "
+            f"{retry_after_s} s, or ask the operator to raise max_concurrent_jobs "
+            "(REWARDD_TENANT_MAX_CONCURRENT_JOBS)")
         self.tenant = tenant
         self.retry_after_s = retry_after_s
 

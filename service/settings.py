@@ -44,8 +44,9 @@ class Settings(WorkerSettings):
         None, description='JSON file of tenants, keys and per-tenant limits: {"tenants": '
         '{"name": {"keys": ["..."], "max_concurrent_jobs": 4, "max_body_bytes": 1048576}}}.')
     tenant_max_concurrent_jobs: int = Field(
-        16, ge=1, description="Scoring requests and jobs one tenant may have running at once "
-        "(across all API pods when state is in Redis); beyond it: 429 with Retry-After.")
+        16, ge=1, description="Requests (score, rewards, advantages, verify) and jobs one "
+        "tenant may have running at once (across all API pods when state is in Redis); "
+        "beyond it: 429 with Retry-After.")
     retry_after_s: int = Field(
         2, ge=1, description="Retry-After (seconds) sent with 429 when a tenant is at its "
         "limit of concurrent work.")

@@ -38,7 +38,8 @@ class Tenant:
 
     name: str
     max_concurrent_jobs: int
-    """Scoring requests and jobs it may have running at once (beyond: 429)."""
+    """Requests (score, rewards, advantages, verify) and jobs it may have running at once
+    (beyond: 429); see :mod:`rewardd.service.limits`."""
     max_body_bytes: int
     """Largest request body it may send (beyond: 413)."""
 

@@ -43,7 +43,8 @@ def responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
 
 
 BUSY_RESPONSE: dict[int | str, dict[str, Any]] = {
-    429: {"model": ErrorResponse, "description": "The tenant already runs as many scoring "
-          "requests and jobs as it may; retry after the `Retry-After` header's seconds.",
+    429: {"model": ErrorResponse, "description": "The tenant already runs as many requests "
+          "(score, rewards, advantages, verify) and jobs as it may; retry after the "
+          "`Retry-After` header's seconds.",
           "headers": {"Retry-After": {"schema": {"type": "integer"},
                                       "description": "Seconds to wait before retrying."}}}}

@@ -21,9 +21,9 @@ router = APIRouter(prefix="/v1", tags=["scoring"], dependencies=[Depends(current
              summary="Rewards and per-token advantages")
 async def score(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout with every reward component, then compute advantages."""
-    req = await read_model(request, ScoreRequest)
     state = request.app.state
-    async with state.limiter.hold(tenant):
+    async with state.limiter.hold(tenant):  # before the body: reading it is work too
+        req = await read_model(request, ScoreRequest)
         return render(request, await pipeline.score(req, state.executor, state.settings,
                                                     runs=state.runs.for_tenant(tenant.name)))
 
@@ -32,16 +32,19 @@ async def score(request: Request, tenant: Tenant = Depends(current_tenant)) -> R
              responses={**responses(ScoreResponse), **BUSY_RESPONSE}, summary="Rewards only")
 async def rewards(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout; the response has no advantages."""
-    req = await read_model(request, RewardsRequest)
     state = request.app.state
     async with state.limiter.hold(tenant):
+        req = await read_model(request, RewardsRequest)
         return render(request, await pipeline.rewards(req, state.executor, state.settings))
 
 
 @router.post("/advantages", response_model=None, openapi_extra=body(AdvantagesRequest),
-             responses=responses(ScoreResponse), summary="Advantages from given rewards")
+             responses={**responses(ScoreResponse), **BUSY_RESPONSE},
+             summary="Advantages from given rewards")
 async def advantages(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Pure compute: advantages from the `reward`/`rewards` the rollouts carry."""
-    req = await read_model(request, AdvantagesRequest)
-    runs = request.app.state.runs.for_tenant(tenant.name)
-    return render(request, await run_in_threadpool(pipeline.advantages, req, runs))
+    state = request.app.state
+    async with state.limiter.hold(tenant):  # CPU in this process: a slot like a batch
+        req = await read_model(request, AdvantagesRequest)
+        runs = state.runs.for_tenant(tenant.name)
+        return render(request, await run_in_threadpool(pipeline.advantages, req, runs))

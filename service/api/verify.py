@@ -7,13 +7,13 @@ import asyncio
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
-from rewardd.service.api.bodies import body, responses
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
 from rewardd.service.codec import read_model, render
 from rewardd.service.models import VerifyRequest, VerifyResponse
 from rewardd.service.pipeline import call_timeout, run_calls
 from rewardd.advantages.checks import raise_if, validate_params
 from rewardd.service.validation import check_timeout
-from rewardd.service.tenancy import AUTH_RESPONSES, current_tenant
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 from rewardd.verifiers import Sample, get_verifier
 from rewardd.workers.executor import VerifyCall
 
@@ -22,22 +22,26 @@ router = APIRouter(prefix="/v1", tags=["verifiers"], dependencies=[Depends(curre
 
 
 @router.post("/verify/{verifier}", response_model=None, openapi_extra=body(VerifyRequest),
-             responses={**responses(VerifyResponse), 404: {"description": "Unknown verifier."}},
+             responses={**responses(VerifyResponse), **BUSY_RESPONSE,
+                        404: {"description": "Unknown verifier."}},
              summary="Verify one completion")
-async def verify(verifier: str, request: Request) -> Response:
+async def verify(verifier: str, request: Request,
+                 tenant: Tenant = Depends(current_tenant)) -> Response:
     """Run one verifier on one completion, under the same limits as a batch."""
     try:
         impl = get_verifier(verifier)
     except KeyError as exc:
         raise HTTPException(404, exc.args[0]) from None
-    req = await read_model(request, VerifyRequest)
-    settings = request.app.state.settings
-    # off the event loop: validating params may compile a request's regex (megabytes)
-    raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params,
-                                     ("body", "params"))
-             + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
-    call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
-                      req.reference, req.params, call_timeout(req.timeout_s, settings))
-    [result] = await run_calls([call], request.app.state.executor)
+    state = request.app.state
+    async with state.limiter.hold(tenant):  # a worker's time, like a batch's
+        req = await read_model(request, VerifyRequest)
+        settings = state.settings
+        # off the event loop: validating params may compile a request's regex (megabytes)
+        raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params,
+                                         ("body", "params"))
+                 + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
+        call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
+                          req.reference, req.params, call_timeout(req.timeout_s, settings))
+        [result] = await run_calls([call], state.executor)
     [item] = result.items
     return render(request, item.outcome.to_dict())
