@@ -90,6 +90,13 @@ class JudgeUnavailable:
 
 ChatResult = ChatReply | JudgeUnavailable
 
+REQUEST_MODEL = "request"
+"""The ``model`` label of the judge metrics for every model a request chose (``backend.model``
+in a verifier's params): one series for all of them. A request's string as a Prometheus label
+would let any tenant create series without bound (each distinct value is a new time series in
+every scrape, kept by Prometheus for its retention); the model itself is still reported in
+each outcome's ``detail["judge"]["model"]``."""
+
 
 @dataclass(slots=True)
 class Usage:
@@ -107,6 +114,9 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    metric_model: str | None = None
+    """The ``model`` label of the judge metrics: the operator's configured model, or
+    :data:`REQUEST_MODEL` when the request chose it; None: ``model``."""
 
     def add(self, result: ChatResult, cost: tuple[float, float] = (0.0, 0.0)) -> None:
         self.calls += 1
@@ -130,7 +140,8 @@ class Usage:
                 "cached": self.cached, "failed": self.failed, "retries": self.retries,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
-                "cost_usd": round(self.cost_usd, 8), **self.extra}
+                "cost_usd": round(self.cost_usd, 8),
+                "metric_model": self.metric_model or self.model, **self.extra}
 
 
 class ChatBackend(abc.ABC):
@@ -140,10 +151,14 @@ class ChatBackend(abc.ABC):
     model: str
     cost_per_1k_tokens: tuple[float, float] = (0.0, 0.0)
     """(prompt, completion) price per 1000 tokens, for ``cost_usd`` in the usage."""
+    metric_model: str | None = None
+    """The model's label in the judge metrics; None: ``model`` (a backend the operator
+    built). :func:`~rewardd.verifiers.judge.config.resolve_backend` sets
+    :data:`REQUEST_MODEL` on a backend whose model a request chose."""
 
     @abc.abstractmethod
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         """One result per request, in order; never raises for a request's sake."""
 
     def usage(self) -> Usage:
-        return Usage(self.name, self.model)
+        return Usage(self.name, self.model, metric_model=self.metric_model)

@@ -18,6 +18,12 @@ embedded pool), with the ``REWARDD_`` prefix like every other setting:
   let any tenant make the workers call any address (SSRF); a request may always pick a
   configured backend by name and change its ``model`` and sampling.
 
+What a request chooses stays the request's: a local model path it names (a transformers
+backend's ``model`` here, reward_model's ``model`` and ``tokenizer``) must lie under
+``REWARDD_MODEL_ROOTS`` (:func:`check_model_path`), and a model it chooses is labelled
+``request`` in the judge metrics (:data:`~rewardd.verifiers.judge.backend.REQUEST_MODEL`), never
+by its own string.
+
 Backends are built once per process and configuration, so their connection pools, caches and
 loaded models are reused by every call.
 """
@@ -32,7 +38,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rewardd.verifiers.judge.backend import ChatBackend
+from rewardd.verifiers.judge.backend import REQUEST_MODEL, ChatBackend
 from rewardd.verifiers.judge.fleet import state_url
 from rewardd.verifiers.judge.openai_compat import (DEFAULT_MAX_CONCURRENCY, OpenAIChatBackend,
                                            OpenAIConfig)
@@ -107,8 +113,11 @@ def resolve_backend(override: BackendOverride | None,
         raise JudgeConfigError(f"no judge backend named {choice.name!r} is configured "
                                f"(configured: {names}); {hint}")
     raw = dict(raw)
+    configured_model = raw.get("model")
     if raw.get("kind") == "transformers" and choice.model is not None:
-        check_model_path(choice.model, env)  # a request may not load any directory
+        # a request may not load any directory; what loads is the confined real path
+        choice = choice.model_copy(update={"model": check_model_path(
+            choice.model, env, field="backend.model")})
     if choice.base_url is not None:
         if not request_urls_allowed(env):
             raise JudgeConfigError("a request may not name a judge base_url unless the "
@@ -136,10 +145,12 @@ def resolve_backend(override: BackendOverride | None,
         if env.get("REWARDD_JUDGE_CACHE_TTL_S"):
             raw.setdefault("shared_cache_ttl_s", env["REWARDD_JUDGE_CACHE_TTL_S"])
     key = (choice.name, json.dumps(raw, sort_keys=True, default=str))
+    chosen_model = raw.get("model") != configured_model  # labelled REQUEST_MODEL in metrics
     with _lock:
         backend = _backends.pop(key, None)
         if backend is None:
             backend = _build(choice.name, raw, env)
+            backend.metric_model = REQUEST_MODEL if chosen_model else None
         _backends[key] = backend  # most recently used last
         while len(_backends) > MAX_BUILT_BACKENDS:
             _backends.pop(next(iter(_backends)))
@@ -178,22 +189,33 @@ def _build(name: str, raw: dict[str, Any], env: Mapping[str, str]) -> ChatBacken
         raise JudgeConfigError(f"judge backend {name!r}: {exc}") from None
 
 
-def check_model_path(path: str, environ: Mapping[str, str] | None = None) -> str:
-    """The real path of a local model a request names, if it lies under one of
+def check_model_path(path: str, environ: Mapping[str, str] | None = None, *,
+                     field: str = "model") -> str:
+    """The real path of a local model file or directory a request names (``field`` says
+    which: ``model``, ``tokenizer``, ``backend.model``), if it lies under one of
     ``REWARDD_MODEL_ROOTS`` (directories separated by ``:``); else :class:`JudgeConfigError`.
-    Without the allow-list a request could make every worker load any directory."""
+    Without the allow-list a request could make every worker load any directory.
+
+    Every request-named path goes through here, and the caller loads the path returned, not
+    the one given: symlinks and ``..`` are resolved first (``os.path.realpath``: a link under
+    a root that points outside is outside; ``root/x/../../etc`` is ``/etc``), so what is
+    checked is what is opened. The refusal is decided on the path's text and the links it
+    passes through, and its wording never depends on whether the path exists: a tenant
+    cannot probe the worker's file system (an earlier ``tokenizer`` went to the loader
+    unchecked, whose errors told "not a local directory" from "cannot load")."""
     env = os.environ if environ is None else environ
-    roots = [Path(r).resolve() for r in env.get("REWARDD_MODEL_ROOTS", "").split(os.pathsep)
+    roots = [os.path.realpath(r) for r in env.get("REWARDD_MODEL_ROOTS", "").split(os.pathsep)
              if r.strip()]
     if not roots:
-        raise JudgeConfigError("local models are loaded only from REWARDD_MODEL_ROOTS (the "
-                               "directories holding your models, separated by ':'), which is "
-                               "not set on this worker")
-    real = Path(path).resolve()
-    if not any(real == root or root in real.parents for root in roots):
-        raise JudgeConfigError(f"model {path!r} is not under REWARDD_MODEL_ROOTS "
-                               f"({', '.join(map(str, roots))})")
-    return str(real)
+        raise JudgeConfigError(f"{field} {path!r}: local models are loaded only from "
+                               "REWARDD_MODEL_ROOTS (the directories holding your models, "
+                               "separated by ':'), which is not set on this worker")
+    real = os.path.realpath(path)
+    if not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+        raise JudgeConfigError(f"{field} {path!r} is not under REWARDD_MODEL_ROOTS "
+                               f"({', '.join(roots)}), symlinks and '..' resolved; give a "
+                               "path inside one of them")
+    return real
 
 
 def request_urls_allowed(env: Mapping[str, str]) -> bool:

@@ -121,19 +121,18 @@ class RewardModelVerifier(GroupVerifier):
         group-level only to batch the group)."""
         if not samples:
             return []
+        source = params.model if params.model is not None else (params.served_model
+                                                                 or params.endpoint)
         try:
-            if params.model is not None:
-                check_model_path(params.model)
-            else:
-                check_endpoint(params.endpoint or "")
+            if params.endpoint is not None:
+                check_endpoint(params.endpoint)
+            params = confine_paths(params)
         except JudgeConfigError as exc:
             return [Outcome.failure(FailureKind.judge_unavailable, str(exc)) for _ in samples]
         if params.model is not None:
             scored = _score_local(samples, params)
-            source = params.model
         else:
             scored = _score_endpoint(samples, params)
-            source = params.served_model or params.endpoint
         if isinstance(scored, str):
             return [Outcome.failure(FailureKind.judge_unavailable, scored, model=source)
                     for _ in samples]
@@ -148,6 +147,20 @@ class RewardModelVerifier(GroupVerifier):
                 outcomes.append(Outcome.success(reward, model=source, truncated=truncated,
                                                 tokens=tokens))
         return outcomes
+
+
+PATH_FIELDS = ("model", "tokenizer")
+"""Every field of :class:`RewardModelParams` that names a local path to load."""
+
+
+def confine_paths(params: RewardModelParams) -> RewardModelParams:
+    """``params`` with every local path (:data:`PATH_FIELDS`) replaced by its real path under
+    ``REWARDD_MODEL_ROOTS``; :class:`JudgeConfigError` for one outside (see
+    :func:`~rewardd.verifiers.judge.config.check_model_path`). The loaders get the checked
+    real paths, never the request's strings."""
+    return params.model_copy(update={
+        field: check_model_path(getattr(params, field), field=field)
+        for field in PATH_FIELDS if getattr(params, field) is not None})
 
 
 Scored = list[tuple[float, bool | None, int | None]]
