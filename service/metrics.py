@@ -13,6 +13,20 @@ Two kinds of metric:
   from the executor's census, jobs by state from the function the jobs store registered
   (:func:`register_job_counter`). They describe shared state (Redis), so the process that
   answers the scrape reports them, in multiprocess mode too.
+
+Labels take operator-known values only: route templates, verifier names (registered), outcome
+kinds, configured judge backends and models. A string a request chose never becomes a label
+value: each distinct value is a new series that every scrape carries and Prometheus keeps for
+its retention, so one tenant sending 10^5 model names would grow the scrape and the TSDB
+without bound. A judge model the request chose is labelled ``request`` (the workers mark it,
+:data:`~rewardd.verifiers.judge.backend.REQUEST_MODEL`), an HTTP method outside the standard
+ones ``other``. As a last guard against a verifier (a plugin, an older worker) that reports
+request strings anyway, each judge label keeps at most :data:`MAX_LABEL_VALUES` distinct
+values per process and folds the rest into ``other`` (:class:`BoundedLabel`; a bound,
+rather than dropping the observation, keeps calls, tokens and cost counted in full).
+
+/metrics itself is guarded with the API keys (see
+:func:`rewardd.service.tenancy.metrics_access`): the series describe every tenant's traffic.
 """
 
 from __future__ import annotations
@@ -71,6 +85,52 @@ _job_counter: JobCounter | None = None
 _job_counter_lock = threading.Lock()
 
 
+OTHER = "other"
+"""The label value of every value past a label's bound, and of non-standard HTTP methods."""
+
+MAX_LABEL_VALUES = 64
+"""Distinct values a judge label (backend, model) keeps per process before folding into
+:data:`OTHER`: far above the backends and models an operator configures, far below what a
+client could send. At most 64 x 64 x verifiers x results series per judge metric."""
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods labelled as themselves; any other token a client sends is :data:`OTHER`."""
+
+
+class BoundedLabel:
+    """One label's values, at most ``limit`` distinct per process; later new ones are
+    :data:`OTHER`. Thread-safe (observations come from the event loop and worker threads)."""
+
+    def __init__(self, name: str, limit: int = MAX_LABEL_VALUES) -> None:
+        self.name = name
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __call__(self, value: str) -> str:
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+            if not self._warned:
+                self._warned = True
+                log.warning("metrics: label %r reached %d distinct values; new ones are "
+                            "counted as %r (a verifier reports request-chosen strings?)",
+                            self.name, self.limit, OTHER)
+        return OTHER
+
+
+JUDGE_BACKEND = BoundedLabel("backend")
+JUDGE_MODEL = BoundedLabel("model")
+
+
+def method_label(method: str) -> str:
+    return method if method in HTTP_METHODS else OTHER
+
+
 def observe_verifier(verifier: str, outcome: str, seconds: float) -> None:
     VERIFIER_DURATION.labels(verifier).observe(seconds)
     VERIFIER_OUTCOMES.labels(verifier, outcome).inc()
@@ -95,11 +155,17 @@ def observe_judge_usage(verifier: str, usage: Mapping[str, Any]) -> None:
     calls served the whole group reports the group's usage in each of its ``shared_by``
     outcomes, numbered by ``share_index``; only the first is counted, whole (fractions of
     it would not add back up to whole calls and tokens). Never raises: metrics never break
-    a response."""
+    a response.
+
+    Labels: the configured backend's name and ``metric_model`` (the configured model, or
+    ``request`` for one the request chose), each bounded by :class:`BoundedLabel`; a usage
+    without ``metric_model`` (from a worker older than it) is labelled by its ``model``."""
     try:
         if int(usage.get("shared_by") or 1) > 1 and int(usage.get("share_index") or 0) != 0:
             return
-        labels = (verifier, str(usage.get("backend", "")), str(usage.get("model", "")))
+        model = usage.get("metric_model", usage.get("model", ""))
+        labels = (verifier, JUDGE_BACKEND(str(usage.get("backend", ""))),
+                  JUDGE_MODEL(str(model)))
         calls, cached, failed = (int(usage.get(k) or 0) for k in ("calls", "cached", "failed"))
         for result, count in (("answered", calls - cached - failed), ("cached", cached),
                               ("failed", failed)):
@@ -234,8 +300,8 @@ def render(multiproc_dir: str | None, executor: Any = None) -> tuple[bytes, str]
 class MetricsMiddleware:
     """Pure ASGI middleware: count and time every HTTP request by route template and status.
 
-    The route template (``/v1/verify/{verifier}``), not the raw path, is the label, so label
-    cardinality stays bounded.
+    The route template (``/v1/verify/{verifier}``), not the raw path, is the label, and a
+    method outside :data:`HTTP_METHODS` is ``other``, so label cardinality stays bounded.
     """
 
     def __init__(self, app: Any) -> None:
@@ -262,8 +328,9 @@ class MetricsMiddleware:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
             elapsed = time.perf_counter() - started
-            HTTP_REQUESTS.labels(label, scope["method"], str(status)).inc()
-            HTTP_LATENCY.labels(label, scope["method"], str(status)).observe(elapsed)
+            method = method_label(scope["method"])
+            HTTP_REQUESTS.labels(label, method, str(status)).inc()
+            HTTP_LATENCY.labels(label, method, str(status)).observe(elapsed)
 
 
 __all__ = ["MetricsMiddleware", "ScrapeCollector", "observe_batch", "observe_verifier",

@@ -43,6 +43,10 @@ class Settings(WorkerSettings):
     api_keys_file: str | None = Field(
         None, description='JSON file of tenants, keys and per-tenant limits: {"tenants": '
         '{"name": {"keys": ["..."], "max_concurrent_jobs": 4, "max_body_bytes": 1048576}}}.')
+    metrics_token: str | None = Field(
+        None, description="Scrape token of GET /metrics. Set: /metrics needs "
+        "`Authorization: Bearer <token>` and tenants' API keys do not open it. Unset: with "
+        "API keys configured any valid key opens it (else 401); without keys it is open.")
     tenant_max_concurrent_jobs: int = Field(
         16, ge=1, description="Requests (score, rewards, advantages, verify) and jobs one "
         "tenant may have running at once (across all API pods when state is in Redis); "

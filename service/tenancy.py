@@ -13,11 +13,17 @@ Keys come from ``REWARDD_API_KEYS`` (``key=tenant,...``) and/or the JSON file na
 
 Keys are compared by their SHA-256 digest (a dict lookup on a digest reveals nothing useful
 through timing, unlike comparing the keys themselves byte by byte), and never logged.
+
+GET /metrics describes every tenant's traffic (routes, verifier outcomes, judge spend), so it
+is guarded too (:func:`metrics_access`): by ``REWARDD_METRICS_TOKEN`` when set (a scrape
+credential of its own, which tenants' keys do not replace: a tenant need not see the others'
+traffic), else by the API keys when configured; open only on a server without either.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -156,6 +162,36 @@ def current_tenant(request: Request) -> Tenant:
                                 headers={"WWW-Authenticate": "Bearer"})
     request.state.tenant = tenant
     return tenant
+
+
+def metrics_access(request: Request) -> None:
+    """FastAPI dependency of GET /metrics: 401 unless the request carries the scrape token
+    (``REWARDD_METRICS_TOKEN`` set), or a valid API key (no token set, keys configured);
+    open without either setting."""
+    state = request.app.state
+    expected: str | None = state.settings.metrics_token
+    ring: KeyRing = state.keys
+    if not expected and not ring.enabled:
+        return
+    token = bearer_token(request)
+    if token is not None:
+        if expected:
+            if hmac.compare_digest(_digest(token), _digest(expected)):
+                return
+        elif ring.lookup(token) is not None:
+            return
+    needs = ("the scrape token (REWARDD_METRICS_TOKEN; API keys do not open /metrics)"
+             if expected else "an API key")
+    reason = ("no `Authorization: Bearer <token>` header" if token is None
+              else "the token is not valid")
+    raise HTTPException(401, f"{reason}: /metrics on this server needs {needs} (ask its "
+                        "operator)", headers={"WWW-Authenticate": "Bearer"})
+
+
+METRICS_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "REWARDD_METRICS_TOKEN or API keys are "
+          "configured and the request has no valid `Authorization: Bearer <token>`."}}
+"""Documented on GET /metrics (it depends on :func:`metrics_access`)."""
 
 
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {

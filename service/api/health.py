@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardd.service import __version__, metrics
+from rewardd.service.tenancy import METRICS_AUTH_RESPONSES, metrics_access
 from rewardd.verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
@@ -42,7 +43,8 @@ def sandbox_isolation() -> dict[str, object]:
     return dataclasses.asdict(isolation())
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            dependencies=[Depends(metrics_access)], responses=METRICS_AUTH_RESPONSES)
 def scrape(request: Request) -> Response:
     # a plain def: FastAPI runs it in a worker thread, so the scrape-time reads (queue depth
     # from the broker, the jobs counter) never block the event loop

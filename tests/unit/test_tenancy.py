@@ -126,10 +126,11 @@ async def test_without_a_valid_key_every_v1_route_answers_401(headers: dict[str,
     assert executor.entered == 0
 
 
-async def test_probes_and_metrics_need_no_key_and_valid_keys_pass() -> None:
+async def test_probes_need_no_key_and_valid_keys_pass() -> None:
     async with client(keyed_app()) as http:
         assert (await http.get("/healthz")).status_code == 200
-        assert (await http.get("/metrics")).status_code == 200
+        assert (await http.get("/metrics")).status_code == 401  # tests/unit/test_metric_labels.py
+        assert (await http.get("/metrics", headers=ALICE)).status_code == 200
         assert (await http.get("/v1/verifiers", headers=ALICE)).status_code == 200
         assert (await http.get("/v1/verifiers",
                                headers={"Authorization": "bearer  key-bob "})).status_code == 200
