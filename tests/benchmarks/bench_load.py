@@ -26,7 +26,8 @@ tenant ``t2`` is limited to 2 (``REWARDD_API_KEYS_FILE``).
 The hostile tenant sends, in rotation, issue 15's rows: a ~3 KB request nesting 500 levels in
 ``reference`` (score, rewards, verify); a 1 MB msgpack ``/v1/advantages`` body whose ``mask``
 is 1,000,000 nulls; a lone surrogate ``"\\ud800"`` in a completion (verify, score); a
-10^5-group score (a valid one: 10 MB, a 38 MB answer); a 5 MB regex pattern (verify); 6
+10^5-group score (a valid one: 10 MB, a 38 MB answer); a 5 MB regex pattern, a new one each
+time (verify); 6
 concurrent verify and 6 concurrent advantages calls against its limit of 2.
 
 Design choices, and why:
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -98,11 +100,17 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 @dataclass(frozen=True)
 class Call:
-    """One hostile HTTP request, its body encoded once."""
+    """One hostile HTTP request, its body encoded once. A body holding :data:`FRESH` gets a
+    new number there on every send (a pattern sent twice would be served from ``re``'s
+    cache of compiled patterns; an attacker varies it)."""
 
     route: str
     body: bytes
     media: str = "application/json"
+
+
+FRESH = b"@FRESH@"
+_sends = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,8 @@ def build_probes() -> list[Probe]:
     many_groups = (f'{{"rewards":[{{"name":"c","verifier":"exact_match"}}],"advantage":'
                    f'{{"output":"scalar"}},"groups":[{many}]}}').encode()
 
-    regex = json.dumps({"completion": "hello", "params": {"pattern": "a" * 5_000_000}})
+    regex = json.dumps({"completion": "hello",
+                        "params": {"pattern": "a" * 5_000_000 + FRESH.decode()}})
 
     verify_math = json.dumps({"completion": "Adding the parts gives $\\boxed{\\frac{7}{12}}$.",
                               "reference": {"answer": "\\frac{14}{24}"}}).encode()
@@ -177,7 +186,8 @@ async def _send(client: httpx.AsyncClient, probe: Probe, call: Call) -> dict[str
                               "t0": time.monotonic(), "bytes": 0, "excerpt": ""}
     headers = {"content-type": call.media, "accept": call.media}
     try:
-        async with client.stream("POST", call.route, content=call.body,
+        body = call.body.replace(FRESH, str(next(_sends)).encode())
+        async with client.stream("POST", call.route, content=body,
                                  headers=headers) as response:
             async for chunk in response.aiter_raw():
                 if not record["bytes"]:
