@@ -261,13 +261,13 @@ async def _hostile_phase(conn: Connection, probes: list[Probe], url: str, index:
     return records, index
 
 
-def hostile_main(conn: Connection, grace_s: float) -> None:
+def hostile_main(conn: Connection, grace_s: float, without: tuple[str, ...] = ()) -> None:
     """The hostile tenant's process: builds the probes, then serves phases until told to exit.
 
     ("run", url, probe index, hostile?) starts a phase (the /healthz pinger always runs; the
     probes only when hostile); ("stop",) ends it and is answered with (records, pings, next
     probe index)."""
-    probes = build_probes()
+    probes = [p for p in build_probes() if not any(w in p.name for w in without)]
     conn.send("ready")
     while True:
         message = conn.recv()
@@ -287,10 +287,10 @@ def hostile_main(conn: Connection, grace_s: float) -> None:
 class Hostile:
     """Handle on one hostile-tenant process (one per server: the soak runs both at once)."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, without: tuple[str, ...] = ()) -> None:
         self.conn, child = multiprocessing.get_context("spawn").Pipe()
         self.proc = multiprocessing.get_context("spawn").Process(
-            target=hostile_main, args=(child, grace_s), daemon=True)
+            target=hostile_main, args=(child, grace_s, without), daemon=True)
         self.proc.start()
         self.index = 0
 
@@ -634,6 +634,9 @@ def main() -> None:
                         help="soak duration (both configurations at once); 0: no soak")
     parser.add_argument("--sample-s", type=float, default=15.0, help="soak sampling interval")
     parser.add_argument("--skip-load", action="store_true", help="only the soak")
+    parser.add_argument("--without", action="append", default=[], metavar="TEXT",
+                        help="leave out the probes whose name contains TEXT (repeatable), "
+                             "to tell which probe a cost comes from")
     parser.add_argument("--quick", action="store_true",
                         help="8 trainers, 80 requests, 2 passes, a 60 s soak at most")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
@@ -662,7 +665,8 @@ def main() -> None:
         try:
             for config in (Config("embedded", []),
                            Config("distributed", split, args.db)):
-                servers.append(Server(config, args.concurrency, env, Hostile(args.probe_grace_s)))
+                tenant2 = Hostile(args.probe_grace_s, tuple(args.without))
+                servers.append(Server(config, args.concurrency, env, tenant2))
             print("[starting the servers; the hostile tenant builds its probes]",
                   file=sys.stderr, flush=True)
             for s in servers:
