@@ -118,10 +118,17 @@ class ExactMatchVerifier(Verifier):
 
 _FLAG_VALUES = {"IGNORECASE": re.IGNORECASE, "MULTILINE": re.MULTILINE, "DOTALL": re.DOTALL}
 
+MAX_PATTERN_CHARS = 10_000
+"""Longest accepted pattern. Format checks are a few hundred characters; the bound is what keeps
+one request's compile short (a 5 MB pattern took 13 s of the API's CPU) and ``re``'s cache of
+compiled patterns (512 entries, about 16 bytes per pattern character) under about 80 MB: a
+soak of distinct 5 MB patterns grew the API by 80 MB per request until it was bounded."""
+
 
 class RegexParams(VerifierParams):
-    pattern: str
-    """Python ``re`` pattern; an invalid one is rejected at validation time (HTTP 422)."""
+    pattern: str = Field(max_length=MAX_PATTERN_CHARS)
+    """Python ``re`` pattern of at most 10,000 characters; an invalid or longer one is rejected
+    at validation time (HTTP 422)."""
     mode: Literal["search", "match", "fullmatch"] = "search"
     """Which ``re`` function to apply to the completion."""
     flags: list[Literal["IGNORECASE", "MULTILINE", "DOTALL"]] = Field(default_factory=list)

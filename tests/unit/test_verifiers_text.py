@@ -174,6 +174,16 @@ def test_regex_invalid_pattern_is_a_params_validation_error():
     assert info.value.errors()[0]["loc"] == ("pattern",)
 
 
+def test_regex_pattern_over_10000_characters_is_refused_before_it_is_compiled() -> None:
+    longest = "a" * 10_000
+    assert RegexVerifier.Params.model_validate({"pattern": longest}).pattern == longest
+    with pytest.raises(ValidationError) as info:
+        RegexVerifier.Params.model_validate({"pattern": "(" + "a" * 10_000 + ")"})
+    error = info.value.errors()[0]
+    assert error["loc"] == ("pattern",) and error["type"] == "string_too_long"
+    assert error["ctx"] == {"max_length": 10_000}  # the length rule runs before the compile
+
+
 def test_regex_missing_pattern_and_unknown_flag_are_validation_errors():
     with pytest.raises(ValidationError):
         RegexVerifier.Params.model_validate({})
