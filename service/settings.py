@@ -22,6 +22,11 @@ class Settings(WorkerSettings):
     workers: int = Field(1, ge=1, description="Uvicorn worker processes for `rewardd serve`.")
     max_body_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Largest accepted request body; larger gets 413.")
+    max_rollouts_per_request: int = Field(
+        65_536, ge=1, description="Most rollouts one /v1/score, /v1/rewards or job request may "
+        "send to the verifiers (more: 422 naming body.groups). It bounds the verifier work one "
+        "request can hold: a 10^5-rollout score kept a 2-worker pool busy for 20 s. Lower it on "
+        "shared fleets; trainers split larger batches or submit several jobs.")
     run_state_ttl_s: float = Field(
         7 * 24 * 3600, gt=0, description="Run state (difficulty anchors, UCB statistics) "
         "expires this long after the run's last request.")

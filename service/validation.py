@@ -62,10 +62,20 @@ def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) 
     return []
 
 
+def check_rollout_count(groups: Sequence[Group], settings: Settings) -> Iterator[dict]:
+    """The request's verifier work is bounded: at most ``max_rollouts_per_request`` rollouts."""
+    total = sum(len(group.rollouts) for group in groups)
+    if total > settings.max_rollouts_per_request:
+        yield error(("body", "groups"), f"{total} rollouts in one request is over the limit of "
+                    f"{settings.max_rollouts_per_request} (REWARDD_MAX_ROLLOUTS_PER_REQUEST); "
+                    "split the batch into several requests or jobs")
+
+
 def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """Every cross-field rule of a /v1/score or /v1/rewards body; raises RequestInvalid."""
     spec = getattr(req, "advantage", None)
-    raise_if(chain(check_groups(req.groups, tokens_needed_for(spec)),
+    raise_if(chain(check_rollout_count(req.groups, settings),
+                   check_groups(req.groups, tokens_needed_for(spec)),
                    check_reward_specs(req.rewards, settings),
                    check_component_names(req.rewards, req.groups),
                    check_advantage(spec, req.groups, req.run_id) if spec is not None else ()))

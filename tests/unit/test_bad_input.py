@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from rewardd.service.app import create_app
 from rewardd.service.settings import Settings
-from tests.support.executors import RefusingExecutor
+from tests.support.executors import GatedExecutor, RefusingExecutor
 from rewardd.workers.executor import Executor
 
 MAX_BODY = 64 * 1024
@@ -663,3 +663,21 @@ def test_verify_timeout_over_the_server_limit_is_422(client):
     resp = client.post("/v1/verify/math", json={"completion": "x", "timeout_s": 1e6})
     err = error_at(resp, ["body", "timeout_s"])
     assert "over the server's limit" in err["msg"]
+
+
+@pytest.mark.parametrize("route", ["/v1/score", "/v1/rewards", "/v1/jobs"])
+def test_more_rollouts_than_the_operator_allows_is_422_at_groups(route: str) -> None:
+    executor = GatedExecutor()
+    executor.gate.set()  # answers every check at once: the request within the limit is served
+    app = create_app(Settings(pool_size=1, max_rollouts_per_request=3), executor=executor)
+    body = score_body(groups=[{"group_id": "g0", "reference": {"answer": "1"},
+                               "rollouts": [rollout(f"r{i}") for i in range(4)]}])
+    with TestClient(app) as client:
+        refused = client.post(route, json=body)
+        assert refused.status_code == 422
+        (only,) = refused.json()["detail"]
+        assert only["loc"] == ["body", "groups"]
+        assert only["msg"].startswith("4 rollouts in one request is over the limit of 3")
+        body["groups"][0]["rollouts"] = body["groups"][0]["rollouts"][:3]
+        assert client.post(route, json=body).status_code in (200, 202)
+    assert executor.entered <= 1  # the refused request never reached the verifiers
