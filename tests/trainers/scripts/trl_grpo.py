@@ -117,6 +117,18 @@ def main() -> None:
     log["log_history"] = trainer.state.log_history
     log["world_size"] = trainer.accelerator.num_processes
     (args.out / f"rank{rank}.json").write_text(json.dumps(log))
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Tear gloo down before the interpreter does: left to interpreter exit, its C++ threads are
+    sometimes destroyed while joinable and the process aborts ("terminate called without an active
+    exception", SIGABRT) after training has succeeded, which fails the torchrun launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
