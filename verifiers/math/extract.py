@@ -4,44 +4,71 @@ math-verify has its own extraction regexes, but they try many candidates and sil
 one; for RL rewards we want a short, documented priority order whose choice is reported in
 the response (``detail.rule``), so a surprising reward can be traced to the rule that fired.
 
-Priority (the first rule that yields a non-empty answer wins):
+First the completion is cut to its answer part (:mod:`rewardd.verifiers.math.completion`):
+chat-template debris is dropped (a second turn the model wrote itself is not its answer),
+and after a ``</think>`` only the text that follows it is searched, the reasoning only when
+that text holds no answer. Then, in priority order (the first rule that yields a non-empty
+answer wins):
 
 1. ``boxed``: the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced, nested braces OK);
-2. ``final_answer_is``: the last "the final answer is X" / "the answer is X"
-   (case-insensitive; X runs to the end of the sentence or line);
-3. ``answer_line``: the last line starting with "Answer:" (the rest of the line);
-4. ``dollar``: the last ``$...$`` (or ``$$...$$``) math span;
-5. ``bare``: the whole completion, when it is one short line of mathematics with no prose
-   (``3x+4y+14=0``, ``x^2+1``);
-6. ``last_number``: the last number in the text (thousands separators removed).
+2. ``final_answer_is``: the last "the (final) answer is X" (also "answer is: X", "the
+   correct answer is X", "the answer to the problem is X"; case-insensitive; X runs to the
+   end of its sentence, or is the next line when the phrase ends its line);
+3. ``answer_line``: the last line starting with "Answer:" / "Final Answer:" (bold or
+   heading marks allowed), GSM8K's ``#### X``, or the first line of mathematics after a
+   "Final Answer" heading;
+4. ``bare``: the last line, when it is mathematics with no prose and no math delimiters
+   (``3x+4y+14=0``, ``42``);
+5. ``closing``: the final sentence ends on "is/are/equals/=/:" and a number
+   (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``);
+6. ``dollar``: the last ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]`` math span
+   that is not prose;
+7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
+   ``1,000``, ``3\\frac12``, ``2^{10}``; never the denominator of a fraction, never a digit
+   glued inside a word such as ``AZ2B``).
 
-Nothing found gives rule ``no_answer``: a reward of 0, since that is the model's fault.
+A phrase found by rules 2 and 3 is tidied (:func:`rewardd.verifiers.math.prose.tidy`): ``$\\frac12$
+dollars`` gives ``\\frac12``. Words are never read as variables: a line with English words is
+not ``bare``. Nothing found gives rule ``no_answer``: a reward of 0, the model's fault.
 
 With ``boxed="all"`` every top-level box counts (``\\boxed{2}`` and ``\\boxed{3}`` is the list
 ``2, 3``), for questions with several answers. Multiple-choice letters are read by
-:func:`extract_choice` when the reference is a single letter.
+:func:`extract_choice` when the reference is a single letter. :func:`reference_answer` reads a
+reference that is a whole solution text the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from rewardd.verifiers.math.completion import split_completion
+from rewardd.verifiers.math.prose import (is_prose, last_numeric, math_spans, span_text, tidy,
+                                         words)
 from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
-               "last_number", "whole",
+               "closing", "last_number", "whole",
                "no_answer"]
 
-_FINAL_ANSWER = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b\s*:?[ \t]*(?P<x>[^\n]*)",
-                           re.IGNORECASE)
-_SENTENCE_END = re.compile(r"\.(?=\s|$)")
-_ANSWER_LINE = re.compile(r"^[ \t>*_#]*answer[ \t]*(?:\*\*)?:(?:\*\*)?[ \t]*(?P<x>[^\n]*)$",
-                          re.IGNORECASE | re.MULTILINE)
-_DOLLAR = re.compile(r"(?<!\\)\$\$(?P<d>.+?)(?<!\\)\$\$|(?<!\\)\$(?P<s>[^$]+?)(?<!\\)\$",
-                     re.DOTALL)
-_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d*\.\d+|\d+)")
+_FINAL_ANSWER = re.compile(
+    r"\b(?:the\s+|my\s+|our\s+)?(?:final\s+|correct\s+|required\s+|desired\s+)?answer"
+    r"(?:\s+(?:to|for)\s+(?:the|this)\s+(?:problem|question))?"
+    r"\s+(?:is|would\s+be|will\s+be|should\s+be)\b\s*:?[ \t]*(?P<x>[^\n]*)", re.IGNORECASE)
+_ANSWER_LINE = re.compile(
+    r"^[ \t>*_#]*(?:final[ \t]+)?answer[ \t]*(?:\*\*)?[ \t]*[:\uff1a](?:\*\*)?[ \t]*(?P<x>[^\n]*)$"
+    r"|^[ \t]*####[ \t]*(?P<g>[^\n#]+)$", re.IGNORECASE | re.MULTILINE)
+_HEADING = re.compile(r"^[ \t>*_#]*final[ \t]+answer[ \t*_:]*$", re.IGNORECASE | re.MULTILINE)
+_TAIL_POLITE = re.compile(
+    r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
+    re.IGNORECASE)
+_CLOSING = re.compile(
+    r"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+"
+    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?(?P<x>\S(?:.*\S)?)$",
+    re.IGNORECASE | re.DOTALL)
+_NUMBER_THEN_WORDS = re.compile(r"^(?P<n>\S+?)(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +80,8 @@ class Extraction:
 
 
 def clean_answer(text: str) -> str:
-    """Strip what wraps an answer in prose: whitespace, a trailing period, markdown bold,
-    and outer math delimiters (``$``, ``$$``, ``\\(..\\)``, ``\\[..\\]``)."""
+    """Strip what wraps an answer in prose: whitespace, a trailing period or comma, markdown
+    bold, and outer math delimiters (``$``, ``$$``, ``\\(..\\)``, ``\\[..\\]``)."""
     prev = None
     text = text.strip()
     while text != prev:
@@ -69,12 +96,33 @@ def clean_answer(text: str) -> str:
     return text
 
 
+def _sentence_end(text: str) -> int:
+    """Index of the first ``.``/``!``/``?`` that ends a sentence outside a math span, else len."""
+    inside = [(m.start(), m.end()) for m in math_spans(text)]
+    for m in re.finditer(r"[.!?](?=\s|$)", text):
+        if not any(a <= m.start() < b for a, b in inside):
+            return m.start()
+    return len(text)
+
+
+def _phrase(tail: str, rest: str) -> str | None:
+    """The answer a phrase's tail names; the next line when the phrase ended its line."""
+    if not tail.strip():
+        lines = [line for line in rest.split("\n") if line.strip()]
+        if not lines:
+            return None
+        block = rest.strip()
+        spans = math_spans(block)
+        if spans and spans[0].start() == 0:
+            return tidy(clean_answer(span_text(spans[0]))) or None
+        tail = lines[0]
+    answer = clean_answer(tail[:_sentence_end(tail)])
+    return tidy(answer) or None
+
+
 def _final_answer_is(text: str) -> str | None:
-    matches = list(_FINAL_ANSWER.finditer(text))
-    for m in reversed(matches):
-        tail = m.group("x")
-        end = _SENTENCE_END.search(tail)
-        answer = clean_answer(tail[:end.start()] if end else tail)
+    for m in reversed(list(_FINAL_ANSWER.finditer(text))):
+        answer = _phrase(m.group("x"), text[m.end():])
         if answer:
             return answer
     return None
@@ -82,37 +130,69 @@ def _final_answer_is(text: str) -> str | None:
 
 def _answer_line(text: str) -> str | None:
     for m in reversed(list(_ANSWER_LINE.finditer(text))):
-        answer = clean_answer(m.group("x"))
+        if m.group("g") is not None:
+            answer = clean_answer(m.group("g"))
+        else:
+            answer = _phrase(m.group("x"), text[m.end():])
         if answer:
             return answer
+    headings = list(_HEADING.finditer(text))
+    if headings:
+        return _last_math_line(text[headings[-1].end():], first=True)
     return None
 
 
 def _dollar(text: str) -> str | None:
-    for m in reversed(list(_DOLLAR.finditer(text))):
-        answer = clean_answer(m.group("d") if m.group("d") is not None else m.group("s"))
-        if answer:
+    for m in reversed(math_spans(text)):
+        answer = clean_answer(span_text(m))
+        if answer and not is_prose(answer):
             return answer
     return None
 
 
-_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
-_MATH_WORDS = frozenset("sin cos tan cot sec csc log exp sqrt arcsin arccos arctan sinh cosh "
-                        "tanh det gcd lcm max min mod inf infty".split())
+def _last_math_line(text: str, first: bool = False) -> str | None:
+    """The last non-empty line when it is mathematics without prose or math delimiters (a
+    line that is one math span is the ``dollar`` rule's); with ``first``, the first line or
+    display block (the answer under a "Final Answer" heading)."""
+    text = _TAIL_POLITE.sub("", text).strip()
+    if not text:
+        return None
+    spans = math_spans(text)
+    if first and spans and spans[0].start() == 0:
+        line = spans[0].group(0)
+    else:
+        lines = [line for line in text.split("\n") if line.strip()]
+        line = lines[0] if first else lines[-1]
+        if not first and any(m.start() <= text.rindex(line) < m.end() for m in spans) or (
+                not first and math_spans(line)):
+            return None
+    if len(line) > 300 or is_prose(line):
+        return None
+    return tidy(clean_answer(line)) or None
 
 
 def _bare(text: str) -> str | None:
-    text = text.strip()
-    if not text or "\n" in text or len(text) > 300:
-        return None
-    if any(w.lower() not in _MATH_WORDS for w in _PROSE_WORD.findall(text)):
-        return None
-    return clean_answer(text) or None
+    return _last_math_line(text)
+
+
+def _closing(text: str) -> str | None:
+    """A number the final sentence ends on after "is"/"equals"/"=" (prose around it)."""
+    text = _TAIL_POLITE.sub("", text).strip().rstrip(".!").strip()
+    start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
+    sentence = text[start:]
+    for m in re.finditer(_CLOSING, sentence):
+        tail = _NUMBER_THEN_WORDS.match(m.group("x"))
+        if tail is None:
+            continue
+        number = last_numeric(tail.group("n"))
+        if number is not None and number == tail.group("n"):
+            return number
+    return None
 
 
 def _last_number(text: str) -> str | None:
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
+    number = last_numeric(text)
+    return number.replace(",", "") if number is not None else None
 
 
 def _boxed(text: str) -> str | None:
@@ -124,8 +204,9 @@ _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
     ("boxed", _boxed),
     ("final_answer_is", _final_answer_is),
     ("answer_line", _answer_line),
-    ("dollar", _dollar),
     ("bare", _bare),
+    ("closing", _closing),
+    ("dollar", _dollar),
     ("last_number", _last_number),
 )
 
@@ -179,18 +260,63 @@ def extract_choice(completion: str, found: Extraction) -> str | None:
 def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "auto",
                    boxed: Literal["last", "all"] = "last") -> Extraction:
     """Apply the rules of ``mode``: ``auto`` all of them in order, ``boxed`` only the first,
-    ``none`` none (the whole completion, stripped, is the answer)."""
-    if boxed == "all" and mode != "none":
-        boxes = [clean_answer(b) for b in find_all_boxed(completion)]
-        boxes = [b for b in boxes if b]
-        if len(boxes) > 1:
-            return Extraction(", ".join(boxes), "boxed_all")
+    ``none`` none (the whole completion, stripped, is the answer).
+
+    ``auto`` and ``boxed`` search the answer part of the completion first and its reasoning
+    (inside ``<think>``) only when the answer part yields nothing."""
     if mode == "none":
         whole = clean_answer(completion)
         return Extraction(whole, "whole") if whole else Extraction(None, "no_answer")
+    parts = split_completion(completion)
+    segments = [s for s in (parts.answer, parts.reasoning) if s.strip()]
+    if boxed == "all":
+        for segment in segments:
+            boxes = [b for b in (clean_answer(b) for b in find_all_boxed(segment)) if b]
+            if len(boxes) > 1:
+                return Extraction(", ".join(boxes), "boxed_all")
+            if boxes:
+                break
     rules = _AUTO_RULES if mode == "auto" else _AUTO_RULES[:1]
-    for rule, find in rules:
-        answer = find(completion)
-        if answer:
-            return Extraction(answer, rule)
+    for segment in segments:
+        for rule, find in rules:
+            answer = find(segment)
+            if answer:
+                return Extraction(answer, rule)
     return Extraction(None, "no_answer")
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_answer(reference: str) -> str | None:
+    """The answer of a reference: the reference itself when it is one, else (a whole solution
+    text: prose, a box inside text) the answer extracted from it the way a prediction's is;
+    None when a solution text states no answer (the rule ``last_number`` is not used: a
+    number somewhere in a solution is no answer to trust)."""
+    text = clean_answer(reference)
+    if not text:
+        return None
+    if not _looks_like_solution(text):
+        return text
+    parts = split_completion(text)
+    for segment in (s for s in (parts.answer, parts.reasoning) if s.strip()):
+        for rule, find in _AUTO_RULES:
+            if rule == "last_number":
+                continue
+            answer = find(segment)
+            if answer:
+                return answer
+    return None
+
+
+_SOLUTION_WORDS = 6
+
+
+def _looks_like_solution(text: str) -> bool:
+    """A solution text rather than an answer: a box inside text, or prose that has math
+    spans, several lines or several words (short text answers such as ``no solution`` stay
+    answers)."""
+    if re.search(r"\\(?:boxed|fbox)\s*\{", text) and not re.fullmatch(
+            r"\\(?:boxed|fbox)\s*\{.*\}", text, re.DOTALL):
+        return True
+    prose = words(re.sub(r"\\text\s*\{[^{}]*\}", " ", text))
+    return is_prose(text) and (len(prose) >= _SOLUTION_WORDS or "\n" in text.strip()
+                               or bool(math_spans(text)))

@@ -31,7 +31,14 @@ _DELIM_ALIASES = ((r"\lbrace", r"\{"), (r"\rbrace", r"\}"), (r"\lvert", "|"), (r
                   (r"\rangle", ")"))
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;:> ]|quad|qquad|displaystyle|textstyle|hfill|enspace)"
                       r"(?![a-zA-Z])|~")
-_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|(?<!\\)\\ |\\!|\s)(?=\d{3}(?!\d))")
+_THOUSANDS = re.compile(r"(?<=\d)(?:,\s*\\[!,]|\{,\}(?:\\!)?|\\,|(?<!\\)\\ |\\!|\s)"
+                        r"(?=\d{3}(?!\d))")
+"""Thousands separators between digit groups: MATH writes ``11,\\!111,\\!100`` and
+``32{,}349``, typesetting ``1\\,000``; a plain ``1,000`` is read by the number reader."""
+_CURRENCY = re.compile(r"\\\$\s*(?=[-+]?\.?\d)|(?<=[\d.])\s*\\\$|\\text\s*\{\s*\\\$\s*\}"
+                       r"|^\$(?=[-+]?\.?\d[^$]*$)")
+"""A dollar sign written before or after an amount (``\\$16.20``, ``16.20\\$``, ``$16`` when
+it opens no math span): money is compared as the number."""
 _EMPTY_SET = re.compile(r"\\(?:varnothing|emptyset|empty)(?![a-zA-Z])|\\\{\s*\\\}|\u2205")
 _FRAC_ALIASES = re.compile(r"\\[dt]frac(?![a-zA-Z])")
 _BINOM_ALIASES = re.compile(r"\\[dt]binom(?![a-zA-Z])")
@@ -54,7 +61,7 @@ _PLAIN_WORDS = ((re.compile(r"(?<![\\a-zA-Z])pi(?![a-zA-Z])"), r"\\pi "),
 _PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\s(?:percent|\\text\{\s*percent\s*\}))$")
 _DEGREES = re.compile(r"\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|"
                       r"\s*\\text\{\s*(?:degrees?|°)\s*\}|\s+degrees?)$")
-_TEXT_UNIT = re.compile(r"\s*\\(?:text|mathrm|textrm|mbox|operatorname)\s*\{\s*([^{}]*?)\s*\}"
+_TEXT_UNIT = re.compile(r"\s*\\(?:text|textnormal|textup|textsf|mathrm|textrm|mbox|operatorname)\s*\{\s*([^{}]*?)\s*\}"
                         r"(?:\s*\^\s*\{?\s*([23])\s*\}?)?$")
 _KNOWN_UNITS = (
     "mm cm dm m km in inch inches ft foot feet yd yard yards mi mile miles mg g kg lb lbs "
@@ -63,6 +70,9 @@ _KNOWN_UNITS = (
     "square sq cubic meters meter metres centimeters centimetres kilometers millimeters "
     "mph kph km/h m/s cm^2 m^2 cm^3 m^3 inches^2 ft^2 people students apples ways"
 ).split()
+KNOWN_UNITS: tuple[str, ...] = tuple(_KNOWN_UNITS)
+"""Unit names read after a number; prose detection (:mod:`rewardd.verifiers.math.prose`) lets
+them stand in an answer."""
 _PLAIN_UNIT = re.compile(r"(?<=[\d}.)])\s+((?:square |cubic |sq )?(?:"
                          + "|".join(map(re.escape, sorted(_KNOWN_UNITS, key=len, reverse=True)))
                          + r")(?:\s*\^\s*\{?[23]\}?)?)\.?$")
@@ -138,6 +148,7 @@ def clean(text: str) -> str:
     text = _EMPTY_SET.sub(r"\\emptyset ", text)
     for alias, canonical in _DELIM_ALIASES:
         text = text.replace(alias, canonical)
+    text = _CURRENCY.sub("", text)
     text = _THOUSANDS.sub("", text)
     text = _SPACING.sub(" ", text)
     text = _FRAC_ALIASES.sub(r"\\frac", text)

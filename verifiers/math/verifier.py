@@ -18,7 +18,8 @@ from pydantic import Field
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
 from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
-from rewardd.verifiers.math.extract import choice_letter, clean_answer, extract_answer, extract_choice
+from rewardd.verifiers.math.extract import (choice_letter, clean_answer, extract_answer, extract_choice,
+                                            reference_answer)
 
 _CACHE_SIZE = 8192
 _CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$")
@@ -113,7 +114,12 @@ class MathVerifier(Verifier):
         if not isinstance(answer, str) or not clean_answer(answer):
             raise InvalidReference("math verifier needs a non-empty string 'answer' in the "
                                    "reference")
-        return clean_answer(answer)
+        found = reference_answer(answer)
+        if found is None:
+            raise InvalidReference("math verifier found no answer in the reference, a solution "
+                                   "text without a box, 'the answer is' or final math: "
+                                   f"{answer[:200]!r}")
+        return found
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: MathParams) -> Outcome:
