@@ -26,12 +26,14 @@ from rewardd.advantages.encode import decode_rle, encode
 from rewardd.advantages.groups import GroupFlags, describe_groups, group_stats
 from rewardd.advantages.profiles import PROFILES, Pins, pins_for
 from rewardd.advantages.registry import (ENTRIES, ESTIMATORS, Entry, get_entry,
-                                         get_estimator, names_of)
+                                         get_estimator, names_of, resolve_estimator)
 
 
 def compute(batch: AdvantageBatch, estimator: str, params: dict, profile: str) -> Advantages:
-    """One estimator alone on ``batch`` under ``profile``."""
-    entry = get_estimator(estimator)
+    """One estimator alone on ``batch`` under ``profile`` (a trainer's own name for an entry,
+    such as verl's ``rloo_vectorized``, resolves under its profile)."""
+    entry, params = resolve_estimator(estimator, str(getattr(profile, "value", profile)),
+                                      params)
     result = entry.fn(batch, entry.Params.model_validate(params), pins_for(profile))
     return result if isinstance(result, Advantages) else Advantages(rollout=result)
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from rewardd.advantages.errors import Loc, RequestInvalid, capped, error
 from rewardd.advantages.models import AdvantageSpec, AdvantagesRequest, Group, Rollout
 from rewardd.advantages.profiles import pins_for
-from rewardd.advantages.registry import ENTRIES, Kind, get_entry
+from rewardd.advantages.registry import Kind, PinnedParam, get_entry, resolve_estimator
 
 MAX_TOKENS_PER_REQUEST = 1 << 27
 """Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""
@@ -130,8 +130,18 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
                     run_id: str | None) -> Iterator[dict]:
     """Every stage names an entry of the right kind, with valid params and its inputs."""
     loc: Loc = ("body", "advantage")
+    try:
+        estimator, estimator_params = resolve_estimator(spec.estimator, spec.profile.value,
+                                                        spec.params)
+    except KeyError as exc:
+        yield error(loc + ("estimator",), exc.args[0])
+        estimator, estimator_params = None, spec.params
+    except PinnedParam as exc:
+        yield error(loc + ("params", exc.name), str(exc))
+        return
     stages: list[tuple[Kind, str, dict[str, Any], Loc, Loc]] = [
-        ("estimator", spec.estimator, spec.params, loc + ("estimator",), loc + ("params",)),
+        ("estimator", estimator.name if estimator else "", estimator_params,
+         loc + ("estimator",), loc + ("params",)),
         ("aggregate", spec.aggregate, spec.aggregate_params, loc + ("aggregate",),
          loc + ("aggregate_params",))]
     for kind, field in (("transform", "transforms"), ("reweight", "reweight"),
@@ -145,6 +155,8 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
                         "twice; its advice is keyed by name")
         seen.add(stage.name)
     for kind, name, params, name_loc, params_loc in stages:
+        if kind == "estimator" and estimator is None:
+            continue
         try:
             entry = get_entry(name, kind)
         except KeyError as exc:
@@ -155,7 +167,6 @@ def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
             yield error(("body", "run_id"), f"{kind} {name!r} keeps per-run state: "
                         "send a run_id")
         yield from check_inputs(entry.name, kind, entry.inputs, groups)
-    estimator = ENTRIES.get(spec.estimator)
     if estimator is not None and "components" in estimator.inputs and spec.aggregate != "sum":
         yield error(loc + ("aggregate",), f"estimator {spec.estimator!r} routes each "
                     "reward component itself; use aggregate 'sum'")

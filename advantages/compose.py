@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
 from rewardd.advantages.profiles import pins_for
-from rewardd.advantages.registry import Entry, get_entry
+from rewardd.advantages.registry import Entry, get_entry, resolve_estimator
 from rewardd.advantages.models import AdvantageSpec
 
 
@@ -60,8 +60,8 @@ def run_stages(batch: AdvantageBatch, spec: AdvantageSpec) -> Composed:
     for stage in spec.transforms:
         entry = get_entry(stage.name, "transform")
         batch = entry.fn(batch, _params(entry, stage.params, batch), pins)
-    estimator = get_entry(spec.estimator, "estimator")
-    estimator_params = _params(estimator, spec.params, batch)
+    estimator, params = resolve_estimator(spec.estimator, spec.profile.value, spec.params)
+    estimator_params = _params(estimator, params, batch)
 
     def estimate(b: AdvantageBatch) -> Advantages:
         return _as_advantages(estimator.fn(b, estimator_params, pins))

@@ -11,6 +11,7 @@ one value per rollout.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -74,12 +75,22 @@ def dr_grpo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tenso
     return _finish(batch, adv, batch.rewards, pins, stats)
 
 
+class RlooParams(EstimatorParams):
+    singleton: Literal["zero", "mean0_std1"] | None = None
+    """What a lone rollout gets: ``zero``, or ``mean0_std1`` (verl's compute_rloo_outcome_
+    advantage: it keeps r). Unset: the profile's rule. verl's ``rloo_vectorized`` pins
+    ``zero`` (its (c r - sum) / max(c - 1, 1) * (c > 1))."""
+
+
 @register("rloo", formula="a_i = r_i - mean_{j != i} r_j",
-          source="RLOO (Back to Basics, Ahmadian et al. 2024); verl compute_rloo_outcome_advantage")
-def rloo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
+          source="RLOO (Back to Basics, Ahmadian et al. 2024); verl compute_rloo_outcome_advantage",
+          params=RlooParams)
+def rloo(batch: AdvantageBatch, params: RlooParams, pins: Pins) -> Tensor:
     """REINFORCE leave-one-out: each rollout's baseline is the mean of the other rollouts of
     its group, so the baseline does not depend on the rollout it scores. Under verl's
-    singleton rule a lone rollout keeps r."""
+    singleton rule a lone rollout keeps r (``singleton`` overrides the profile's rule)."""
+    if params.singleton is not None:
+        pins = replace(pins, singleton=params.singleton)
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
     others = (stats.count[g] - 1.0).clamp(min=1.0)

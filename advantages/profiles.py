@@ -11,7 +11,7 @@ with them to float32 precision (verl's GRPO on [1,0,0,0] gives 1.499997 either w
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from rewardd.advantages.models import Profile
 
@@ -98,3 +98,57 @@ PROFILES: dict[Profile, Pins] = {
 
 def pins_for(profile: Profile | str) -> Pins:
     return PROFILES[Profile(profile)]
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """A trainer's own name for a registry entry under its profile, with the parameters that
+    name pins. No second code path: the alias runs ``entry`` with ``params`` (issue 16)."""
+
+    entry: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+ALIASES: dict[Profile, dict[str, Alias]] = {
+    Profile.verl: {
+        "grpo_vectorized": Alias("grpo", note=(
+            "verl compute_grpo_vectorized_outcome_advantage: group_mean_std(eps=0.0), so its "
+            "variance floor sqrt(clamp(var, min=0)) is no floor; then / (std + epsilon), the "
+            "same numbers as grpo")),
+        "rloo_vectorized": Alias("rloo", {"singleton": "zero"}, note=(
+            "verl compute_rloo_vectorized_outcome_advantage: (c r - sum) / max(c - 1, 1) "
+            "* (c > 1), so a lone rollout gets 0")),
+        "reinforce_plus_plus": Alias("reinforce_pp", note="verl's registry name"),
+        "reinforce_plus_plus_baseline": Alias("reinforce_pp_baseline",
+                                              note="verl's registry name"),
+    },
+    Profile.openrlhf: {
+        "group_norm": Alias("grpo", note="OpenRLHF advantage_estimator=group_norm"),
+        "reinforce": Alias("reinforce_pp", note="OpenRLHF advantage_estimator=reinforce"),
+        "reinforce_baseline": Alias("reinforce_pp_baseline",
+                                    note="OpenRLHF advantage_estimator=reinforce_baseline"),
+    },
+}
+
+
+def aliases_of(entry: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per profile, the trainer names that resolve to ``entry`` and the params they pin
+    (``GET /v1/estimators`` lists them under ``profiles.<profile>.aliases``)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for profile, names in ALIASES.items():
+        for name, alias in names.items():
+            if alias.entry == entry:
+                out.setdefault(profile.value, {})[name] = {"params": dict(alias.params),
+                                                           "note": alias.note}
+    return out
+
+
+def resolve_alias(name: str, profile: Profile | str) -> Alias | None:
+    """The alias ``name`` under ``profile``, or None when it names no alias there."""
+    return ALIASES.get(Profile(profile), {}).get(name)
+
+
+def alias_profiles(name: str) -> list[str]:
+    """The profiles under which ``name`` is an alias (for an error naming the right one)."""
+    return [p.value for p, names in ALIASES.items() if name in names]

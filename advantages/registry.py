@@ -24,6 +24,9 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from rewardd.advantages.models import Profile
+from rewardd.advantages.profiles import ALIASES, alias_profiles, resolve_alias
+
 Kind = Literal["estimator", "aggregate", "transform", "reweight", "filter"]
 KINDS: tuple[Kind, ...] = ("transform", "estimator", "aggregate", "reweight", "filter")
 
@@ -83,3 +86,40 @@ def get_entry(name: str, kind: Kind = "estimator") -> Entry:
 
 def get_estimator(name: str) -> Entry:
     return get_entry(name, "estimator")
+
+
+class PinnedParam(ValueError):
+    """A request sets a parameter its estimator alias pins to another value; ``name`` is
+    the parameter."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+def resolve_estimator(name: str, profile: str, params: dict[str, Any]
+                      ) -> tuple[Entry, dict[str, Any]]:
+    """The registry entry an estimator name means under ``profile``, with its params.
+
+    A trainer's own name (``grpo_vectorized`` under verl, ``group_norm`` under openrlhf)
+    resolves to its registry entry with the alias's pinned params merged under the request's;
+    a request that sets a pinned param to another value raises :class:`PinnedParam`. An alias
+    under another profile raises KeyError naming the profile it belongs to."""
+    alias = resolve_alias(name, profile)
+    if alias is None:
+        if name not in ENTRIES and alias_profiles(name):
+            raise KeyError(f"estimator {name!r} is a trainer's name for a registry entry "
+                           f"under profile {' or '.join(map(repr, alias_profiles(name)))}, "
+                           f"not under {profile!r}")
+        try:
+            return get_estimator(name), params
+        except KeyError as exc:
+            own = sorted(ALIASES.get(Profile(profile), {}))
+            raise KeyError(exc.args[0] + (f"; under profile {profile!r} also: "
+                                          f"{', '.join(own)}" if own else "")) from None
+    for key, value in alias.params.items():
+        if key in params and params[key] != value:
+            raise PinnedParam(key, f"estimator {name!r} is {alias.entry!r} with {key} = "
+                              f"{value!r}; got {params[key]!r} (use {alias.entry!r} to "
+                              "choose it)")
+    return get_estimator(alias.entry), {**alias.params, **params}

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from rewardd.advantages import ENTRIES, PROFILES
+from rewardd.advantages.profiles import aliases_of
 from rewardd.advantages.registry import KINDS, Kind
 from rewardd.service.models import EstimatorInfo, ParamInfo, VerifierInfo
 from rewardd.service.tenancy import AUTH_RESPONSES, current_tenant
@@ -42,13 +43,22 @@ def list_verifiers() -> list[VerifierInfo]:
             for v in sorted(REGISTRY.values(), key=lambda v: v.name)]
 
 
+def _profiles(entry: str) -> dict[str, dict[str, Any]]:
+    """Each profile's pins, and under ``aliases`` the trainer names that mean ``entry`` under
+    that profile with the params each pins (``rloo_vectorized``: rloo, singleton zero)."""
+    aliases = aliases_of(entry)
+    return {p.value: {**pins.as_dict(), "aliases": aliases.get(p.value, {})}
+            for p, pins in PROFILES.items()}
+
+
 @router.get("/estimators", response_model=list[EstimatorInfo],
             summary="The advantage catalogue")
 def list_estimators(kind: Kind | None = None) -> list[EstimatorInfo]:
-    """Every entry (transform, estimator, aggregate, reweight, filter), or those of ``kind``."""
-    profiles = {p.value: pins.as_dict() for p, pins in PROFILES.items()}
+    """Every entry (transform, estimator, aggregate, reweight, filter), or those of ``kind``.
+    A trainer's own estimator names are listed under the entry they resolve to, per profile
+    (``profiles.verl.aliases.grpo_vectorized``)."""
     return [EstimatorInfo(name=e.name, kind=e.kind, stateful=e.stateful, formula=e.formula,
                           description=e.description, source=e.source, inputs=list(e.inputs),
-                          params=param_infos(e.Params), profiles=profiles)
+                          params=param_infos(e.Params), profiles=_profiles(e.name))
             for e in sorted(ENTRIES.values(), key=lambda e: (KINDS.index(e.kind), e.name))
             if kind is None or e.kind == kind]

@@ -1,0 +1,90 @@
+"""verl 0.9.1's own estimators on the parity batches, in float64 (tests/trainers/parity.py).
+
+    parity_verl.py BATCHES.json      prints {option: {batch: [[advantage per token]]}}
+
+Each option calls the function verl's registry holds under that name
+(``core_algos.get_adv_estimator_fn``) with the inputs ``ray_trainer.compute_advantage`` gives
+it: token_level_rewards (the outcome at the last mask-1 token, minus kl_coef * kl on mask-1
+tokens as ``apply_kl_penalty`` does), response_mask (padding after the response, and the
+holes), the uids as index. Tensors are float64. ``group_mean_std`` (behind grpo_vectorized)
+casts to float32 inside; it is rebuilt from its installed source with float64 in place of
+float32 and set on core_algos, so the comparison is with verl's formula, not its rounding.
+Nothing of rewardd is imported: this environment holds verl.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import textwrap
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import verl.utils.groupwise as groupwise
+from verl.trainer.ppo import core_algos
+
+MAX_LEN = 12
+
+
+def float64_group_mean_std() -> None:
+    """verl's group_mean_std, its dtype float32 replaced by float64, installed where
+    core_algos looks it up."""
+    source = textwrap.dedent(inspect.getsource(groupwise.group_mean_std))
+    assert source.count("torch.float32") >= 3, "group_mean_std changed: review the patch"
+    namespace = dict(vars(groupwise))
+    exec(compile(source.replace("torch.float32", "torch.float64"), "group_mean_std", "exec"),
+         namespace)
+    core_algos.group_mean_std = namespace["group_mean_std"]
+
+
+def tensors(rows: list[dict[str, Any]], kl_coef: float) -> dict[str, Any]:
+    n = len(rows)
+    mask = torch.zeros(n, MAX_LEN, dtype=torch.float64)
+    rewards = torch.zeros(n, MAX_LEN, dtype=torch.float64)
+    values = torch.zeros(n, MAX_LEN, dtype=torch.float64)
+    for i, row in enumerate(rows):
+        length = len(row["mask"])
+        mask[i, :length] = torch.tensor(row["mask"], dtype=torch.float64)
+        values[i, :length] = torch.tensor(row["values"], dtype=torch.float64)
+        kl = torch.tensor(row["kl"], dtype=torch.float64) * mask[i, :length]
+        rewards[i, :length] -= kl_coef * kl
+        last = max(t for t, m in enumerate(row["mask"]) if m)
+        rewards[i, last] += row["reward"]
+    index = np.array([f"uid-{row['group']}" for row in rows], dtype=object)
+    return {"token_level_rewards": rewards, "response_mask": mask, "values": values,
+            "index": index}
+
+
+def run(option: dict[str, Any], rows: list[dict[str, Any]]) -> list[list[float]]:
+    t = tensors(rows, option.get("kl_coef", 0.0))
+    fn = core_algos.get_adv_estimator_fn(option["verl"])
+    config = SimpleNamespace(gamma=option.get("gamma", 1.0), lam=option.get("lam", 1.0))
+    name = option["verl"]
+    if name == "gae":
+        adv, _ = fn(t["token_level_rewards"], t["values"], t["response_mask"],
+                    gamma=config.gamma, lam=config.lam)
+    elif name == "reinforce_plus_plus":
+        adv, _ = fn(t["token_level_rewards"], t["response_mask"], config=config)
+    elif name in ("grpo", "grpo_vectorized"):
+        adv, _ = fn(t["token_level_rewards"], t["response_mask"], t["index"], epsilon=1e-6,
+                    norm_adv_by_std_in_grpo=option.get("norm_by_std", True), config=config)
+    else:
+        adv, _ = fn(t["token_level_rewards"], t["response_mask"], t["index"], epsilon=1e-6,
+                    config=config)
+    assert adv.dtype == torch.float64, (name, adv.dtype)
+    return adv.tolist()
+
+
+def main() -> None:
+    data = json.loads(open(sys.argv[1]).read())
+    float64_group_mean_std()
+    out = {option["name"]: {batch: run(option, rows) for batch, rows in data["batches"].items()}
+           for option in data["options"]}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Issue 16, item 1: the trainers' own estimator names under their profiles.
+
+Each alias is a registry entry with pinned params (profiles.ALIASES), never a second code
+path; the golden values are the trainer's formula written out by hand in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rewardd.advantages import compute_advantages
+from rewardd.advantages.errors import RequestInvalid
+from rewardd.service.api.catalogue import list_estimators
+
+
+def scalar(groups: list[list[float]], estimator: str, profile: str,
+           params: dict[str, Any] | None = None) -> list[float]:
+    body = {"groups": [{"group_id": f"g{gi}", "rollouts": [
+        {"rollout_id": f"g{gi}r{ri}", "reward": r, "num_tokens": 3} for ri, r in enumerate(g)]}
+        for gi, g in enumerate(groups)],
+        "advantage": {"estimator": estimator, "profile": profile, "params": params or {},
+                      "output": "scalar"}}
+    out = compute_advantages(body)
+    return [r["advantages"] for g in out["groups"] for r in g["rollouts"]]
+
+
+def errors(estimator: str, profile: str, params: dict[str, Any] | None = None) -> list[dict]:
+    with pytest.raises(RequestInvalid) as caught:
+        scalar([[1.0, 0.0]], estimator, profile, params)
+    return caught.value.errors
+
+
+def test_rloo_vectorized_gives_a_lone_rollout_zero_where_verls_rloo_keeps_r():
+    # verl rloo_vectorized: (c r - sum) / max(c - 1, 1) * (c > 1)
+    groups = [[1.0], [1.0, 0.0, 0.0], [2.0, 5.0]]
+    assert scalar(groups, "rloo_vectorized", "verl") == [0.0, 1.0, -0.5, -0.5, -3.0, 3.0]
+    # verl's rloo: a lone rollout keeps r (mean 0)
+    assert scalar(groups, "rloo", "verl") == [1.0, 1.0, -0.5, -0.5, -3.0, 3.0]
+    # the pin is rloo's own parameter
+    assert scalar(groups, "rloo", "verl", {"singleton": "zero"}) == \
+        scalar(groups, "rloo_vectorized", "verl")
+
+
+def test_grpo_vectorized_is_grpo_under_verl_variance_floor_zero():
+    # [1,0,0,0]: mean .25, unbiased std .5; verl calls group_mean_std(eps=0.0): no floor
+    got = scalar([[1.0, 0.0, 0.0, 0.0], [3.0], [0.0, 1e-4]], "grpo_vectorized", "verl")
+    small_std = (2 * (0.5e-4) ** 2) ** 0.5  # a floor of sqrt(1e-6) would have given 1e-3
+    assert got == pytest.approx([0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001,
+                                 -0.25 / 0.500001, 3.0 / 1.000001,
+                                 -0.5e-4 / (small_std + 1e-6), 0.5e-4 / (small_std + 1e-6)],
+                                rel=1e-12)
+    assert got == scalar([[1.0, 0.0, 0.0, 0.0], [3.0], [0.0, 1e-4]], "grpo", "verl")
+
+
+@pytest.mark.parametrize("alias, entry, profile", [
+    ("reinforce_plus_plus", "reinforce_pp", "verl"),
+    ("reinforce_plus_plus_baseline", "reinforce_pp_baseline", "verl"),
+    ("group_norm", "grpo", "openrlhf"),
+    ("reinforce", "reinforce_pp", "openrlhf"),
+    ("reinforce_baseline", "reinforce_pp_baseline", "openrlhf"),
+])
+def test_trainer_names_give_their_entrys_numbers(alias, entry, profile):
+    groups = [[1.0, 0.0, 0.5], [2.0, 2.0, -1.0]]
+    assert scalar(groups, alias, profile) == scalar(groups, entry, profile)
+
+
+def test_group_norm_is_grpo_with_openrlhfs_epsilon():
+    # OpenRLHF group_norm: (r - mean) / (std + 1e-9), unbiased std
+    got = scalar([[1.0, 0.0]], "group_norm", "openrlhf")
+    std = 2 ** -0.5
+    assert got == pytest.approx([0.5 / (std + 1e-9), -0.5 / (std + 1e-9)], rel=1e-15)
+
+
+def test_an_alias_under_another_profile_is_a_422_naming_its_profile():
+    [err] = [e for e in errors("rloo_vectorized", "trl")
+             if e["loc"] == ["body", "advantage", "estimator"]]
+    assert "'verl'" in err["msg"] and "'trl'" in err["msg"]
+    [err] = [e for e in errors("group_norm", "verl")
+             if e["loc"] == ["body", "advantage", "estimator"]]
+    assert "'openrlhf'" in err["msg"]
+
+
+def test_an_unknown_name_lists_the_profiles_own_names():
+    [err] = errors("grpo_vectorised", "verl")
+    assert err["loc"] == ["body", "advantage", "estimator"]
+    assert "grpo_vectorized" in err["msg"] and "rloo_vectorized" in err["msg"]
+
+
+def test_a_param_the_alias_pins_to_another_value_is_a_422_at_that_param():
+    [err] = errors("rloo_vectorized", "verl", {"singleton": "mean0_std1"})
+    assert err["loc"] == ["body", "advantage", "params", "singleton"]
+    assert "'zero'" in err["msg"] and "'rloo'" in err["msg"]
+    assert scalar([[1.0]], "rloo_vectorized", "verl", {"singleton": "zero"}) == [0.0]
+
+
+def test_estimators_route_lists_aliases_with_their_profile():
+    by_name = {e.name: e for e in list_estimators("estimator")}
+    assert by_name["rloo"].profiles["verl"]["aliases"] == {
+        "rloo_vectorized": {"params": {"singleton": "zero"},
+                            "note": by_name["rloo"].profiles["verl"]["aliases"][
+                                "rloo_vectorized"]["note"]}}
+    assert set(by_name["grpo"].profiles["verl"]["aliases"]) == {"grpo_vectorized"}
+    assert set(by_name["grpo"].profiles["openrlhf"]["aliases"]) == {"group_norm"}
+    assert set(by_name["reinforce_pp"].profiles["openrlhf"]["aliases"]) == {"reinforce"}
+    assert set(by_name["reinforce_pp_baseline"].profiles["verl"]["aliases"]) == {
+        "reinforce_plus_plus_baseline"}
+    assert by_name["gae"].profiles["trl"]["aliases"] == {}
+    assert "rloo_vectorized" not in by_name  # an alias is not a second entry
+
+
+rewards = st.lists(st.integers(-50, 50).map(lambda k: k / 8), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(rewards, min_size=1, max_size=4), st.integers(-8, 8), st.data())
+def test_rloo_vectorized_properties_shift_and_group_order(groups, shift, data):
+    base = scalar(groups, "rloo_vectorized", "verl")
+    # a shift of every reward leaves leave-one-out advantages unchanged (also singletons: 0)
+    shifted = scalar([[r + shift for r in g] for g in groups], "rloo_vectorized", "verl")
+    assert shifted == pytest.approx(base, abs=1e-12)
+    # permuting a group's rollouts permutes their advantages
+    order = [data.draw(st.permutations(range(len(g)))) for g in groups]
+    permuted = scalar([[g[k] for k in o] for g, o in zip(groups, order)], "rloo_vectorized",
+                      "verl")
+    start, expected = 0, []
+    for g, o in zip(groups, order):
+        expected += [base[start + k] for k in o]
+        start += len(g)
+    assert permuted == pytest.approx(expected, abs=1e-12)
+    # every group sums to 0
+    start = 0
+    for g in groups:
+        assert sum(base[start:start + len(g)]) == pytest.approx(0.0, abs=1e-9)
+        start += len(g)
