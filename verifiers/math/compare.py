@@ -9,13 +9,16 @@ the user-facing conventions):
   significant digits equals a value it is a correct rounding of (``3.142`` is ``\\pi``).
 * **tolerance**: a value written with decimals (or computed from them) equals another within
   the relative tolerance ``rel_tol``.
-* **numeric**: closed forms without variables (``\\sqrt{8}`` vs ``2\\sqrt2``) are evaluated to
-  40 significant digits and must agree to 1e-25 relative.
-* **identity**: expressions with variables are equal when they agree at several fixed
-  rational points (and their variables are the same): a numerical identity test that is
-  faster than ``simplify`` and, unlike it, cannot hang on a hard identity. Equations and
-  inequalities are equal when one side-difference is a constant multiple of the other
-  (positive for inequalities).
+* **numeric**: closed forms without variables (``\\sqrt{8}`` vs ``2\\sqrt2``) agree within
+  10^-(25 + spread) of the larger, evaluated with 40 + spread digits, where the spread is how
+  far below the leading digits the answer wrote something (``e^{100}+1``: 44 orders), and are
+  not provably different by sympy's adaptive evaluation
+  (:mod:`rewardd.verifiers.math.precision`): a written difference is never rounded away.
+* **identity**: expressions with variables are equal when they agree, by the same rule, at
+  several fixed rational points (and their variables are the same): a numerical identity
+  test that is faster than ``simplify`` and, unlike it, cannot hang on a hard identity.
+  Equations and inequalities are equal when one side-difference is a constant multiple of
+  the other (positive for inequalities).
 * **size_guard**: values too big to compute are compared structurally (see
   :mod:`rewardd.verifiers.math.guards`).
 """
@@ -36,12 +39,13 @@ from rewardd.verifiers.math.answer import (Collection, ExprLeaf, Interval, Matri
 from rewardd.verifiers.math.guards import fold
 from rewardd.verifiers.math.normalize import Annotations
 from rewardd.verifiers.math.numbers import Number
+from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated
+from rewardd.verifiers.math.precision import evaluate as _evaluate
 
 Verdict = tuple[bool, str]
 PercentMode = Literal["either", "fraction", "number"]
 
 _PRECISION = 40
-_CLOSED_FORM_TOL = mpmath.mpf("1e-25")
 _POINTS = (sympy.Rational(7, 5), sympy.Rational(-13, 10), sympy.Rational(23, 7),
            sympy.Rational(-5, 9), sympy.Rational(19, 11), sympy.Rational(-29, 13),
            sympy.Rational(3, 17))
@@ -376,9 +380,12 @@ def _number_vs_expr(number: Number, expr: sympy.Basic, options: Options) -> Verd
         return False, "size_guard"
     if folded.free_symbols:  # sin^2 x + cos^2 x is a number too
         constant = sympy.Rational(number.value.numerator, number.value.denominator)
-        return _identity(folded - constant, _CLOSED_FORM_TOL), "identity"
+        return _identical(folded, constant), "identity"
     if isinstance(folded, sympy.Rational):
         return _numbers(number, Number(Fraction(folded.p, folded.q)), options)
+    if not number.is_decimal and not expr.atoms(sympy.Float):  # 1 vs sin^2(1) + cos^2(1)
+        exact = sympy.Rational(number.value.numerator, number.value.denominator)
+        return agree(exact, folded) is True, "numeric"
     value = _evaluate(folded)
     if value is None or value.imag != 0:
         return False, "numeric"
@@ -387,19 +394,6 @@ def _number_vs_expr(number: Number, expr: sympy.Basic, options: Options) -> Verd
         written = mpmath.mpf(number.value.numerator) / number.value.denominator
         return _within(written, value, options.rel_tol), "tolerance"
     return (number.is_decimal and _rounds_to(number, value, options)), "rounding"
-
-
-def _evaluate(expr: sympy.Basic, subs: dict | None = None) -> mpmath.mpc | None:
-    """``expr`` to 40 significant digits as an mpmath complex; None when undefined."""
-    try:
-        value = expr.evalf(_PRECISION, subs=subs) if subs else expr.evalf(_PRECISION)
-        if not value.is_number or value.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo):
-            return None
-        real, imag = (sympy.Float(part, _PRECISION) for part in value.as_real_imag())
-    except (TypeError, ValueError, ZeroDivisionError, OverflowError, RecursionError,
-            AttributeError):
-        return None
-    return mpmath.mpc(mpmath.mpf(real._mpf_), mpmath.mpf(imag._mpf_))
 
 
 def _exact_decimals(expr: sympy.Basic) -> sympy.Basic:
@@ -424,16 +418,19 @@ def _exprs(x: sympy.Basic, y: sympy.Basic, options: Options) -> Verdict:
     if not fx.free_symbols and not fy.free_symbols:
         if isinstance(fx, sympy.Rational) and isinstance(fy, sympy.Rational):
             return False, "exact"
+        if not inexact:
+            return agree(fx, fy) is True, "numeric"
         vx, vy = _evaluate(fx), _evaluate(fy)
         if vx is None or vy is None:
             return False, "numeric"
-        tol = options.rel_tol if inexact else _CLOSED_FORM_TOL
-        return _close(vx, vy, tol), "numeric"
+        return _close(vx, vy, options.rel_tol), "numeric"
     try:
         difference = fx - fy
     except TypeError:  # a set minus a number, and the like: not the same kind of thing
         return False, "kind_mismatch"
-    return _identity(difference, options.rel_tol if inexact else _CLOSED_FORM_TOL), "identity"
+    if not inexact:
+        return _identical(fx, fy), "identity"
+    return _identity(difference, options.rel_tol), "identity"
 
 
 def _infinite(expr: sympy.Basic) -> bool:
@@ -448,6 +445,22 @@ def _close(x: mpmath.mpc, y: mpmath.mpc, tol: mpmath.mpf | float) -> bool:
 def _point(symbols: Sequence[sympy.Symbol], k: int) -> dict:
     return {s: _POINTS[(k + 3 * i) % len(_POINTS)] + sympy.Rational(i, 7)
             for i, s in enumerate(symbols)}
+
+
+def _identical(x: sympy.Basic, y: sympy.Basic) -> bool:
+    """Exact expressions ``x`` and ``y`` agree at every sample point where both are defined
+    (at least 3), each point with the precision its written terms need
+    (:func:`rewardd.verifiers.math.precision.agree`): ``x^2+10^{-30}x`` is not ``x^2``."""
+    symbols = sorted(x.free_symbols | y.free_symbols, key=lambda s: s.name)
+    defined = 0
+    for k in range(len(_POINTS)):
+        same = agree(x, y, _point(symbols, k))
+        if same is None:
+            continue
+        if not same:
+            return False
+        defined += 1
+    return defined >= 3
 
 
 def _identity(difference: sympy.Basic, tol: mpmath.mpf | float) -> bool:
@@ -532,27 +545,31 @@ def _relation(x: sympy.Basic, y: sympy.Basic, options: Options) -> bool:
 
 def _proportional(f: sympy.Basic, g: sympy.Basic, positive: bool) -> bool:
     """``f = c * g`` for one nonzero constant c (c > 0 when ``positive``), tested at the
-    sample points."""
+    sample points with the precision the written terms need (``y = x^2 + 10^{-30}x`` is not
+    ``y = x^2``): c is read at the first point, then ``f - c g`` must vanish at the others
+    within 10^-(25 + spread) of the larger."""
     symbols = sorted(f.free_symbols, key=lambda s: s.name)
-    ratio = None
-    checked = 0
+    ratio, checked = None, 0
     for k in range(len(_POINTS)):
-        point = _point(symbols, k)
-        fv, gv = _evaluate(f, point), _evaluate(g, point)
-        if fv is None or gv is None:
-            continue
-        if abs(gv) < _CLOSED_FORM_TOL:
-            if abs(fv) > _CLOSED_FORM_TOL:
-                return False
-            continue
-        r = fv / gv
-        if ratio is None:
-            if abs(r) < _CLOSED_FORM_TOL or abs(mpmath.im(r)) > _CLOSED_FORM_TOL:
-                return False
-            if positive and mpmath.re(r) <= 0:
-                return False
-            ratio = r
-        elif abs(r - ratio) > _CLOSED_FORM_TOL * max(abs(r), abs(ratio)):
+        try:
+            with evaluated(f, g, _point(symbols, k)) as values:
+                if values is None:
+                    continue
+                fv, gv, rel = values
+                scale = max(abs(fv), abs(gv))
+                if abs(gv) <= rel * scale:
+                    if abs(fv) > rel * scale:
+                        return False
+                    continue
+                if ratio is None:
+                    ratio = fv / gv
+                    if (abs(mpmath.im(ratio)) > rel * abs(ratio)
+                            or (positive and mpmath.re(ratio) <= 0)):
+                        return False
+                    ratio = mpmath.re(ratio)
+                elif abs(fv - ratio * gv) > rel * max(abs(fv), abs(ratio * gv)):
+                    return False
+        except TooPrecise:
             return False
         checked += 1
     return checked >= 3
