@@ -20,7 +20,8 @@ answer wins):
 4. ``bare``: the last line, when it is mathematics with no prose and no math delimiters
    (``3x+4y+14=0``, ``42``);
 5. ``closing``: the final sentence ends on "is/are/equals/=/:" and a number
-   (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``);
+   (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``), unless the last math
+   span of the text holds a digit (then that span, rule 6, is the answer as before);
 6. ``dollar``: the last ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]`` math span
    that is not prose;
 7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
@@ -56,7 +57,7 @@ Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar",
 _FINAL_ANSWER = re.compile(
     r"\b(?:the\s+|my\s+|our\s+)?(?:final\s+|correct\s+|required\s+|desired\s+)?answer"
     r"(?:\s+(?:to|for)\s+(?:the|this)\s+(?:problem|question))?"
-    r"\s+(?:is|would\s+be|will\s+be|should\s+be)\b\s*:?[ \t]*(?P<x>[^\n]*)", re.IGNORECASE)
+    r"\s+(?:is|would\s+be|will\s+be|should\s+be)\b\s*:?[ \t]*(?=(?P<x>[^\n]*))", re.IGNORECASE)
 _ANSWER_LINE = re.compile(
     r"^[ \t>*_#]*(?:final[ \t]+)?answer[ \t]*(?:\*\*)?[ \t]*[:\uff1a](?:\*\*)?[ \t]*(?P<x>[^\n]*)$"
     r"|^[ \t]*####[ \t]*(?P<g>[^\n#]+)$", re.IGNORECASE | re.MULTILINE)
@@ -64,11 +65,13 @@ _HEADING = re.compile(r"^[ \t>*_#]*final[ \t]+answer[ \t*_:]*$", re.IGNORECASE |
 _TAIL_POLITE = re.compile(
     r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
     re.IGNORECASE)
-_CLOSING = re.compile(
+_COPULA = re.compile(
     r"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+"
-    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?(?P<x>\S(?:.*\S)?)$",
-    re.IGNORECASE | re.DOTALL)
+    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?", re.IGNORECASE)
 _NUMBER_THEN_WORDS = re.compile(r"^(?P<n>\S+?)(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
+
+
+_HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +83,13 @@ class Extraction:
 
 
 def clean_answer(text: str) -> str:
-    """Strip what wraps an answer in prose: whitespace, a trailing period or comma, markdown
-    bold, and outer math delimiters (``$``, ``$$``, ``\\(..\\)``, ``\\[..\\]``)."""
+    """Strip what wraps an answer in prose: whitespace, a trailing period, markdown bold and
+    heading marks (GSM8K's ``####``), and outer math delimiters (``$``, ``$$``, ``\\(..\\)``, ``\\[..\\]``)."""
     prev = None
     text = text.strip()
     while text != prev:
         prev = text
-        text = text.strip().rstrip(".").strip()
+        text = _HEADING_MARK.sub("", text.strip().rstrip(".").strip())
         for left, right in (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"),
                             ("\\[", "\\]")):
             inner = text[len(left):len(text) - len(right)]
@@ -176,12 +179,19 @@ def _bare(text: str) -> str | None:
 
 
 def _closing(text: str) -> str | None:
-    """A number the final sentence ends on after "is"/"equals"/"=" (prose around it)."""
+    """A number the final sentence ends on after "is"/"equals"/"=" (prose around it).
+
+    It beats the last math span only when that span names a quantity without a value
+    (``The largest $n$ is 34.``); after a span with a digit (``$y = 7$``) the span decides,
+    as it always has."""
     text = _TAIL_POLITE.sub("", text).strip().rstrip(".!").strip()
+    spans = math_spans(text)
+    if spans and re.search(r"\d", span_text(spans[-1])):
+        return None
     start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
     sentence = text[start:]
-    for m in re.finditer(_CLOSING, sentence):
-        tail = _NUMBER_THEN_WORDS.match(m.group("x"))
+    for m in reversed(list(_COPULA.finditer(sentence))):
+        tail = _NUMBER_THEN_WORDS.match(sentence[m.end():].strip())
         if tail is None:
             continue
         number = last_numeric(tail.group("n"))

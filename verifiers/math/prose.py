@@ -35,11 +35,11 @@ _INT = r"\d{1,3}(?:,\d{3})+(?![\d,]\d)|\d+"
 _UNSIGNED = rf"(?:(?:{_INT})(?:\.\d+)?|\.\d+)"
 _ARG = r"(?:\{\s*\d+\s*\}|\d)"
 NUMERIC = re.compile(
-    rf"(?<![\w.\\^_/])(?:(?<![\w)\]}}])-\s*)?"
+    rf"(?<![\w.\\^_/])(?<!\d,)(?:(?<![\w)\]}}])-\s*)?"
     rf"(?:\\[dt]?frac\s*{_ARG}\s*{_ARG}"
     rf"|{_UNSIGNED}(?:\s*\\[dt]?frac\s*{_ARG}\s*{_ARG}"
     rf"|\s*/\s*{_UNSIGNED}(?![\d/])|\s*\^\s*(?:\{{\s*-?\d+\s*\}}|\d))?)"
-    r"(?![\w/^]|\.\d)")
+    r"(?![\w/^]|[.,]\d)")
 """One whole number literal in running text: integer, decimal, grouped thousands, ``a/b``,
 ``\\frac{a}{b}``, a mixed number or an integer power; not preceded by a letter, digit, point
 or backslash (``AZ2B``, ``x2``, ``\\log_2``) and not followed by a letter (``2B``)."""
@@ -94,7 +94,7 @@ def tidy(phrase: str) -> str:
             return ", ".join(inner)
         if inner and is_prose(outside):
             return inner[0]
-        return _SPAN.sub(lambda m: " " + span_text(m) + " ", phrase).strip()
+        return re.sub(r"\s+", " ", _SPAN.sub(lambda m: f" {span_text(m)} ", phrase)).strip()
     if is_prose(phrase) and (m := first_numeric(phrase)) is not None and m.start() == 0:
         return m.group(0).strip()
     return phrase
