@@ -18,6 +18,8 @@ from typing import Literal, Union
 
 import sympy
 
+from rewardd.verifiers.math.labels import Labelled, is_named_quantity, label_key, read_sides, written_ratio
+from rewardd.verifiers.math.matrices import Determinant, is_single_environment, unwrap
 from rewardd.verifiers.math.normalize import Annotations, clean, matching_close, split_annotations, strip_outer
 from rewardd.verifiers.math.numbers import Number, arithmetic, parse_number
 
@@ -75,7 +77,8 @@ class Matrix:
     rows: tuple[tuple["Node", ...], ...] = field(default=())
 
 
-Node = Union[NumberLeaf, ExprLeaf, TextLeaf, Collection, Interval, Union_, Matrix]
+Node = Union[NumberLeaf, ExprLeaf, TextLeaf, Collection, Interval, Union_, Matrix, Labelled,
+             Determinant]
 
 _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$",
                      re.DOTALL)
@@ -112,8 +115,9 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
         raise Unparseable("empty element")
     if (number := parse_number(text, max_digits)) is not None:  # before commas: 1,000
         return NumberLeaf(number)
-    if (m := _MATRIX.match(text)) is not None:
-        return _matrix(m.group(2), max_digits, depth)
+    if (m := _MATRIX.match(unwrap(text))) is not None and is_single_environment(m.group(2)):
+        matrix = _matrix(m.group(2), max_digits, depth)
+        return Determinant(matrix) if m.group(1) == "vmatrix" else matrix
     parts = _split_top(text, r"\cup")
     if len(parts) > 1:
         return Union_(tuple(_parse(p, max_digits, depth + 1) for p in parts))
@@ -147,7 +151,28 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
                for p in parts):  # "x > 1 and x < 3"
             return ExprLeaf(sympy.And(*(p.expr for p in parts), evaluate=False))
         return Collection("list", tuple(parts))
+    if (labelled := _labelled(text, max_digits, depth)) is not None:
+        return labelled
     return _leaf(text, max_digits)
+
+
+def _labelled(text: str, max_digits: int, depth: int) -> Node | None:
+    """``AB = 4`` as a labelled value, ``x = 5+5+1 = 11`` as ``x = 11``, ``2+3 = 5 = 5`` as
+    its last side (:mod:`rewardd.verifiers.math.labels`); None for any other text."""
+    sides = _split_top(text, "=")
+    read = read_sides(sides) if len(sides) > 1 else None
+    if read is None:
+        return None
+    label, value = read
+    if label is None:
+        return _parse(value, max_digits, depth + 1)
+    if not is_named_quantity(label):
+        return _leaf(f"{label} = {value}", max_digits)
+    try:
+        relation: Node | None = _leaf(f"{label} = {value}", max_digits)
+    except Unparseable:
+        relation = None
+    return Labelled(label_key(label), _parse(value, max_digits, depth + 1), relation)
 
 
 def _strip_redundant_parens(text: str) -> str:
@@ -240,6 +265,8 @@ def _leaf(text: str, max_digits: int) -> Node:
         bare = m.group(1).strip()  # \text{12}, \mathrm{Odd}
     if not bare:
         raise Unparseable("nothing left after removing units")
+    if (ratio := written_ratio(bare)) is not None:  # 12:00 is not 12/0
+        return TextLeaf(ratio)
     if (number := parse_number(bare, max_digits)) is not None:
         return NumberLeaf(number, notes)
     if (value := arithmetic(bare, max_digits)) is not None:
@@ -278,6 +305,8 @@ def _latex(text: str) -> sympy.Basic:
         raise Unparseable(f"{type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
         sys.setrecursionlimit(limit)
+    if isinstance(expr, sympy.MatrixBase):
+        expr = sympy.ImmutableMatrix(expr)  # latex2sympy returns a mutable one
     if not isinstance(expr, sympy.Basic):
         raise Unparseable(f"parsed to {type(expr).__name__}, not a sympy expression")
     return _constants(expr)
@@ -326,6 +355,10 @@ def _describe(node: Node) -> str:
                 + _describe(node.high) + ("]" if node.right_closed else ")"))
     if isinstance(node, Union_):
         return " U ".join(_describe(p) for p in node.parts)
+    if isinstance(node, Labelled):
+        return f"{node.label} = {_describe(node.value)}"
+    if isinstance(node, Determinant):
+        return "det " + _describe(node.matrix)
     return "matrix(" + "; ".join(", ".join(_describe(c) for c in row) for row in node.rows) + ")"
 
 

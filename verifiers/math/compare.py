@@ -37,6 +37,8 @@ from sympy.core.relational import Relational
 from rewardd.verifiers.math.answer import (Collection, ExprLeaf, Interval, Matrix, Node, NumberLeaf,
                                    TextLeaf, Union_)
 from rewardd.verifiers.math.guards import fold
+from rewardd.verifiers.math.labels import Labelled
+from rewardd.verifiers.math.matrices import Determinant, evaluate_matrix_expression
 from rewardd.verifiers.math.normalize import Annotations
 from rewardd.verifiers.math.numbers import Number
 from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated
@@ -67,6 +69,10 @@ def equivalent(reference: Node, prediction: Node, options: Options) -> Verdict:
 
 
 def _equivalent(a: Node, b: Node, options: Options) -> Verdict:
+    if isinstance(a, Labelled) or isinstance(b, Labelled):
+        return _labelled(a, b, options)
+    if isinstance(a, Determinant) or isinstance(b, Determinant):
+        return _determinant(a, b, options)
     a, b = _as_interval_against(a, b), _as_interval_against(b, a)
     if isinstance(a, Union_) or isinstance(b, Union_):
         return _union(a, b, options)
@@ -90,6 +96,8 @@ def _canonical(node: Node) -> Node:
     if not isinstance(node, ExprLeaf):
         return node
     expr = node.expr
+    if isinstance(expr, sympy.MatrixExpr) and not isinstance(expr, sympy.MatrixBase):
+        expr = evaluate_matrix_expression(expr)  # A + B, 2A, A^{-1}
     if isinstance(expr, sympy.FiniteSet):
         return Collection("set", tuple(_canonical(ExprLeaf(e)) for e in expr.args))
     if isinstance(expr, sympy.Interval):
@@ -106,6 +114,56 @@ def _canonical(node: Node) -> Node:
             and isinstance(expr.rhs, sympy.Set)):
         return _canonical(ExprLeaf(expr.rhs))  # "x \in [1, 2]"
     return node
+
+
+def _labelled(a: Node, b: Node, options: Options) -> Verdict:
+    """``AB = 4``: the same label and an equal value; the value alone (lenient); an answer
+    labelled otherwise, or an equation, is compared with the whole equation."""
+    if isinstance(a, Labelled) and isinstance(b, Labelled):
+        if a.label == b.label:
+            return equivalent(a.value, b.value, options)[0], "labelled"
+        if a.relation is None or b.relation is None:
+            return False, "label_mismatch"
+        return equivalent(a.relation, b.relation, options)[0], "relation"
+    labelled, other = (a, b) if isinstance(a, Labelled) else (b, a)
+    assert isinstance(labelled, Labelled)
+    if _label_of(other) is not None or (isinstance(other, ExprLeaf)
+                                        and _is_relation(other.expr)):
+        if labelled.relation is None:
+            return False, "label_mismatch"
+        return equivalent(labelled.relation, other, options)[0], "relation"
+    if not options.lenient:
+        return False, "kind_mismatch"
+    return equivalent(labelled.value, other, options)[0], "label"
+
+
+def _label_of(node: Node) -> str | None:
+    """The label of ``AB = 4`` or of an assignment ``x = 5``; None for anything else."""
+    if isinstance(node, Labelled):
+        return node.label
+    if isinstance(node, ExprLeaf) and isinstance(node.expr, sympy.Eq) \
+            and isinstance(node.expr.lhs, sympy.Symbol) \
+            and node.expr.lhs not in node.expr.rhs.free_symbols:
+        return node.expr.lhs.name
+    return None
+
+
+def _determinant(a: Node, b: Node, options: Options) -> Verdict:
+    """A ``vmatrix`` against a number is its value; against a matrix, the same entries."""
+    det, other = (a, b) if isinstance(a, Determinant) else (b, a)
+    assert isinstance(det, Determinant)
+    if isinstance(other, Determinant):
+        other = other.matrix
+    if isinstance(other, Matrix):
+        return _matrix(det.matrix, other, options)
+    cells = [[_as_sympy_value(c) for c in row] for row in det.matrix.rows]
+    if len(cells) != len(cells[0]) or any(c is None for row in cells for c in row):
+        return False, "kind_mismatch"
+    try:
+        value = sympy.Matrix(cells).det()
+    except (ValueError, TypeError, ArithmeticError):
+        return False, "kind_mismatch"
+    return equivalent(ExprLeaf(value), other, options)[0], "determinant"
 
 
 def _union(a: Node, b: Node, options: Options) -> Verdict:
@@ -236,6 +294,9 @@ def _collection(a: Node, b: Node, options: Options) -> Verdict:
             return equivalent(single.items[0], other, options)[0], "singleton"
         return False, "kind_mismatch"
     unordered = {"set", "list"}
+    if (named := _named_against_values(a, b)) is not None:
+        return named and all(equivalent(x, y, options)[0] for x, y in zip(a.items, b.items)), \
+            "labelled"
     if a.kind in unordered and b.kind in unordered:
         if a.kind != b.kind and not options.lenient:
             return False, "kind_mismatch"
@@ -247,6 +308,18 @@ def _collection(a: Node, b: Node, options: Options) -> Verdict:
     if len(a.items) != len(b.items):
         return False, "tuple"
     return all(equivalent(x, y, options)[0] for x, y in zip(a.items, b.items)), "tuple"
+
+
+def _named_against_values(a: Collection, b: Collection) -> bool | None:
+    """``AB=4, CD=5`` (distinct labels) against bare values ``4, 5``: the values answer in
+    the order of the labels, so ``5, 4`` is wrong. None where this does not apply (no such
+    labels, the same label repeated: ``x=2, x=3`` is a set of solutions)."""
+    for named, values in ((a, b), (b, a)):
+        labels = [_label_of(i) for i in named.items]
+        if (None not in labels and len(set(labels)) == len(labels) > 1
+                and all(_label_of(i) is None for i in values.items)):
+            return len(named.items) == len(values.items)
+    return None
 
 
 def _unordered(items_a: Sequence[Node], items_b: Sequence[Node], options: Options) -> bool:
@@ -486,6 +559,8 @@ def _scale_at(difference: sympy.Basic, symbols: Sequence[sympy.Symbol], k: int) 
 
 
 def _relations(x: sympy.Basic, y: sympy.Basic, options: Options) -> Verdict:
+    if x == y:  # identical relations, even of functions no point can evaluate: f(y) = y
+        return True, "relation"
     parts_x, parts_y = _conjuncts(x), _conjuncts(y)
     if len(parts_x) != len(parts_y):
         if options.lenient and (len(parts_x) > 1 or len(parts_y) > 1):
