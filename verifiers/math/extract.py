@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (is_prose, last_numeric, math_spans, span_text, tidy,
+from rewardd.verifiers.math.prose import (closing_number, is_prose, last_numeric, math_spans, span_text, tidy,
                                          words)
 from rewardd.verifiers.text import find_last_boxed
 
@@ -65,12 +65,6 @@ _HEADING = re.compile(r"^[ \t>*_#]*final[ \t]+answer[ \t*_:]*$", re.IGNORECASE |
 _TAIL_POLITE = re.compile(
     r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
     re.IGNORECASE)
-_COPULA = re.compile(
-    r"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+"
-    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?", re.IGNORECASE)
-_NUMBER_THEN_WORDS = re.compile(r"^(?P<n>\S+?)(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
-
-
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
 
 
@@ -190,14 +184,7 @@ def _closing(text: str) -> str | None:
         return None
     start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
     sentence = text[start:]
-    for m in reversed(list(_COPULA.finditer(sentence))):
-        tail = _NUMBER_THEN_WORDS.match(sentence[m.end():].strip())
-        if tail is None:
-            continue
-        number = last_numeric(tail.group("n"))
-        if number is not None and number == tail.group("n"):
-            return number
-    return None
+    return closing_number(sentence)
 
 
 def _last_number(text: str) -> str | None:

@@ -83,9 +83,29 @@ def first_numeric(text: str) -> re.Match[str] | None:
     return NUMERIC.search(text)
 
 
+_COPULA = re.compile(
+    r"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+"
+    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?", re.IGNORECASE)
+_NUMBER_THEN_WORDS = re.compile(r"^(?P<n>\S+?)(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
+
+
+def closing_number(sentence: str) -> str | None:
+    """The number a sentence ends on after "is"/"equals"/"=" and at most four words
+    (``the largest $n$ is 34``, ``x equals 4``, ``she has 18 dollars left``), else None."""
+    for m in reversed(list(_COPULA.finditer(sentence))):
+        tail = _NUMBER_THEN_WORDS.match(sentence[m.end():].strip())
+        if tail is None:
+            continue
+        number = last_numeric(tail.group("n"))
+        if number is not None and number == tail.group("n"):
+            return number
+    return None
+
+
 def tidy(phrase: str) -> str:
     """The answer a phrase names: ``$\\frac12$ dollars`` -> ``\\frac12``, ``$x=2$ or $x=3$``
-    -> ``x=2, x=3``, ``34 students in all`` -> ``34``; a phrase without prose is kept."""
+    -> ``x=2, x=3``, ``34 students in all`` -> ``34``, ``x equals 4`` -> ``4``; a phrase
+    without prose is kept."""
     spans = math_spans(phrase)
     if spans:
         outside = _SPAN.sub(" ", phrase)
@@ -95,10 +115,12 @@ def tidy(phrase: str) -> str:
         if inner and is_prose(outside):
             return inner[0]
         return re.sub(r"\s+", " ", _SPAN.sub(lambda m: f" {span_text(m)} ", phrase)).strip()
-    if is_prose(phrase) and (m := first_numeric(phrase)) is not None and m.start() == 0:
+    if not is_prose(phrase):
+        return phrase
+    if (m := first_numeric(phrase)) is not None and m.start() == 0:
         return m.group(0).strip()
-    return phrase
+    return closing_number(phrase) or phrase
 
 
-__all__ = ["NUMERIC", "first_numeric", "is_prose", "last_numeric", "math_spans", "span_text",
+__all__ = ["NUMERIC", "closing_number", "first_numeric", "is_prose", "last_numeric", "math_spans", "span_text",
            "tidy", "words"]
