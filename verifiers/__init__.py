@@ -13,12 +13,13 @@ from rewardd.verifiers.judge.arena import ArenaVerifier
 from rewardd.verifiers.judge.reward_model import RewardModelVerifier
 from rewardd.verifiers.judge.rubric import RubricVerifier
 from rewardd.verifiers.math import MathVerifier
+from rewardd.verifiers.structured import JsonSchemaVerifier, ToolCallVerifier
 from rewardd.verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
 
 REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
                         LengthVerifier(), RubricVerifier(), ArenaVerifier(),
-                        RewardModelVerifier())
+                        RewardModelVerifier(), ToolCallVerifier(), JsonSchemaVerifier())
 }
 
 

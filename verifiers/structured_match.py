@@ -1,0 +1,184 @@
+"""JSON Schema checks and comparison by value, for the tool_call and json_schema verifiers.
+
+Validation uses the ``jsonschema`` library, with the draft the schema's ``$schema`` names
+(2020-12 when it names none). Only local ``$ref``s resolve: nothing is ever fetched, so a
+schema from a request cannot make a worker call an address; an unresolvable ``$ref`` makes
+the reference invalid. BFCL's function documents use Python type names (``dict``, ``float``,
+``tuple``, ``any``), which are not JSON Schema; :func:`json_schema_types` maps them to
+``object``, ``number``, ``array`` and no constraint (none of them is valid JSON Schema, so the
+mapping never changes the meaning of a real schema).
+
+Comparison by value (:func:`same`): numbers by numeric value (``1`` equals ``1.0``; ``true`` is
+not ``1``), strings exactly (or BFCL-normalised), objects by key whatever the order, arrays in
+order unless the schema of that array says order does not matter: ``"uniqueItems": true`` (a
+set) or ``"x-unordered": true``. The schema is followed into ``properties``, ``items`` and
+``prefixItems`` (not through ``$ref``s or combinators) to find which arrays are unordered.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+from referencing.exceptions import Unresolvable
+
+StringMatch = Literal["exact", "bfcl"]
+
+_BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+_BFCL_STRIP = re.compile(r"[ ,./\-_*^]")
+MAX_ERRORS = 5
+
+
+def json_schema_types(schema: Any) -> Any:
+    """``schema`` with BFCL's Python type names replaced by JSON Schema's (recursively)."""
+    if isinstance(schema, list):
+        return [json_schema_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: json_schema_types(v) for k, v in schema.items()}
+    kind = out.get("type")
+    if kind == "any":
+        del out["type"]
+    elif isinstance(kind, str) and kind in _BFCL_TYPES:
+        out["type"] = _BFCL_TYPES[kind]
+    return out
+
+
+def check_schema(schema: Any) -> str | None:
+    """Why ``schema`` is not a usable JSON Schema, or None."""
+    if not isinstance(schema, (dict, bool)):
+        return f"a JSON Schema is an object, not {type(schema).__name__}"
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator
+                                            ).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        return f"not a valid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+    return None
+
+
+def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``schema`` when it is None or a valid JSON Schema, else ValueError (a validator)."""
+    problem = None if schema is None else check_schema(schema)
+    if problem:
+        raise ValueError(problem)
+    return schema
+
+
+class UnresolvableSchema(ValueError):
+    """The schema refers to something that cannot be resolved (a remote ``$ref``)."""
+
+
+def schema_errors(instance: Any, schema: Any) -> list[str]:
+    """The first :data:`MAX_ERRORS` ways ``instance`` breaks ``schema``, each with its JSON
+    path; empty when it validates."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        errors = sorted(cls(schema).iter_errors(instance), key=lambda e: list(map(str, e.path)))
+    except Unresolvable as exc:
+        raise UnresolvableSchema(f"the schema has a $ref that does not resolve locally: {exc}"
+                                 ) from None
+    return [f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message[:200]}"
+            for e in errors[:MAX_ERRORS]]
+
+
+def _norm(text: str, how: StringMatch) -> str:
+    return _BFCL_STRIP.sub("", text).lower().replace("'", '"') if how == "bfcl" else text
+
+
+def _sub(schema: Any, key: str | int) -> Any:
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(key, str):
+        return (schema.get("properties") or {}).get(key)
+    prefix = schema.get("prefixItems")
+    if isinstance(prefix, list) and key < len(prefix):
+        return prefix[key]
+    items = schema.get("items")
+    return items if isinstance(items, dict) else None
+
+
+def unordered(schema: Any) -> bool:
+    return isinstance(schema, dict) and bool(schema.get("uniqueItems")
+                                             or schema.get("x-unordered"))
+
+
+def same(value: Any, expected: Any, schema: Any = None, strings: StringMatch = "exact") -> bool:
+    """Whether ``value`` equals ``expected`` by value (see the module docstring)."""
+    if isinstance(expected, bool) or isinstance(value, bool):
+        return type(value) is type(expected) and value == expected
+    if isinstance(expected, (int, float)):
+        return isinstance(value, (int, float)) and value == expected
+    if isinstance(expected, str):
+        return isinstance(value, str) and _norm(value, strings) == _norm(expected, strings)
+    if isinstance(expected, dict):
+        return (isinstance(value, dict) and value.keys() == expected.keys()
+                and all(same(value[k], expected[k], _sub(schema, k), strings) for k in expected))
+    if isinstance(expected, list):
+        if not isinstance(value, list) or len(value) != len(expected):
+            return False
+        if unordered(schema):
+            sub = _sub(schema, 0)
+            pairs = max_matching(len(expected), len(value),
+                                 lambda i, j: same(value[j], expected[i], sub, strings))
+            return len(pairs) == len(expected)
+        return all(same(v, e, _sub(schema, i), strings)
+                   for i, (v, e) in enumerate(zip(value, expected)))
+    return value is None and expected is None
+
+
+def max_matching(left: int, right: int,
+                 fits: Callable[[int, int], bool]) -> dict[int, int]:
+    """A maximum one-to-one matching {left index: right index} of pairs that ``fits``
+    (augmenting paths; groups of calls and array items are small)."""
+    edges = [[j for j in range(right) if fits(i, j)] for i in range(left)]
+    owner: dict[int, int] = {}
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j in edges[i]:
+            if j not in seen:
+                seen.add(j)
+                if j not in owner or place(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    for i in range(left):
+        place(i, set())
+    return {i: j for j, i in owner.items()}
+
+
+def defaults(schema: Any) -> dict[str, Any]:
+    """The ``default`` of each property of an object schema."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return {k: v["default"] for k, v in (props or {}).items()
+            if isinstance(v, dict) and "default" in v}
+
+
+def arguments_match(got: Mapping[str, Any], accepted: Mapping[str, Sequence[Any]],
+                    optional: Iterable[str], schema: Any, strings: StringMatch) -> list[str]:
+    """Why the arguments ``got`` do not match (empty: they match). ``accepted`` lists the
+    acceptable values of each expected argument; an ``optional`` one may be left out; an
+    argument left out or added counts as given when its value is the schema's default."""
+    problems = []
+    schema_defaults = defaults(schema)
+    optional = set(optional)
+    for key, values in accepted.items():
+        if key in got:
+            if not any(same(got[key], v, _sub(schema, key), strings) for v in values):
+                problems.append(f"argument {key!r} is {_short(got[key])}, expected "
+                                + " or ".join(_short(v) for v in values))
+        elif key not in optional and not (key in schema_defaults and any(
+                same(schema_defaults[key], v, _sub(schema, key), strings) for v in values)):
+            problems.append(f"argument {key!r} is missing")
+    for key in got.keys() - accepted.keys():
+        if not (key in schema_defaults and same(got[key], schema_defaults[key])):
+            problems.append(f"argument {key!r} is not expected")
+    return problems
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
