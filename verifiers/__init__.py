@@ -9,6 +9,7 @@ from __future__ import annotations
 from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams, run_verifier)
 from rewardd.verifiers.code import CodeVerifier
+from rewardd.verifiers.critique import CritiqueVerifier
 from rewardd.verifiers.judge.arena import ArenaVerifier
 from rewardd.verifiers.judge.reward_model import RewardModelVerifier
 from rewardd.verifiers.judge.rubric import RubricVerifier
@@ -19,7 +20,8 @@ from rewardd.verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVeri
 REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
                         LengthVerifier(), RubricVerifier(), ArenaVerifier(),
-                        RewardModelVerifier(), ToolCallVerifier(), JsonSchemaVerifier())
+                        RewardModelVerifier(), ToolCallVerifier(), JsonSchemaVerifier(),
+                        CritiqueVerifier())
 }
 
 
