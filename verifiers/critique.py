@@ -32,7 +32,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rewardd.verifiers.base import Outcome, RewardValue, Sample, Verifier, VerifierParams
 from rewardd.verifiers.judge.templates import check_pattern
-from rewardd.verifiers.references import ReferenceModel, read_reference
+from rewardd.verifiers.references import ReferenceModel, ReferenceShaped
 from rewardd.verifiers.structured_parse import answer_part
 from rewardd.verifiers.text import truncate
 
@@ -115,7 +115,7 @@ def read_verdicts(text: str, patterns: Mapping[str, re.Pattern[str]]
             if m.group("verdict") is not None]
 
 
-class CritiqueVerifier(Verifier):
+class CritiqueVerifier(ReferenceShaped, Verifier):
     name = "critique"
     description = ("The completion judges a given solution (Conclusion: right/wrong, "
                    "\\boxed{True}/\\boxed{False}, or a custom pattern); reward_agree when its "
@@ -125,10 +125,11 @@ class CritiqueVerifier(Verifier):
         "label": "bool (or right/wrong, correct/incorrect, true/false, yes/no): whether the "
                  "critiqued solution is correct"}
     Params = CritiqueParams
+    Reference = CritiqueReference
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: CritiqueParams) -> Outcome:
-        label = read_reference(CritiqueReference, reference, self.name).label
+        label = self.reference(reference).label
         found = read_verdicts(answer_part(sample.completion), params.patterns())
         detail: dict[str, Any] = {"label": label,
                                   "matches": [truncate(text, 80) for _, _, text in found[:10]]}

@@ -15,7 +15,7 @@ structures (a call, a tool) unknown keys are refused.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -28,6 +28,11 @@ class ReferenceModel(BaseModel):
     """Base of reference shapes: other components' keys pass (see the module docstring)."""
 
     model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
+
+    def problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Checks across fields, each at the path it concerns (a model validator can only
+        report at the reference as a whole): run once the fields themselves are valid."""
+        return []
 
 
 class StrictPart(BaseModel):
@@ -42,15 +47,20 @@ def _path(loc: tuple[Any, ...]) -> tuple[str | int, ...]:
         ("function-", "list[", "dict[", "json-or-python", "union[")))
 
 
+def _validate(model: type[M], reference: Mapping[str, Any]
+              ) -> tuple[M | None, list[tuple[tuple[str | int, ...], str]]]:
+    try:
+        parsed = model.model_validate(reference)
+    except ValidationError as exc:
+        return None, [(_path(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
+                      for e in exc.errors()]
+    return parsed, parsed.problems() if isinstance(parsed, ReferenceModel) else []
+
+
 def reference_errors(model: type[BaseModel],
                      reference: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
     """Every problem of ``reference`` under ``model``: (path inside the reference, reason)."""
-    try:
-        model.model_validate(reference)
-    except ValidationError as exc:
-        return [(_path(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
-                for e in exc.errors()]
-    return []
+    return _validate(model, reference)[1]
 
 
 def format_path(path: tuple[str | int, ...]) -> str:
@@ -62,9 +72,25 @@ def format_path(path: tuple[str | int, ...]) -> str:
 
 def read_reference(model: type[M], reference: Mapping[str, Any], verifier: str) -> M:
     """``reference`` as ``model``, or :class:`InvalidReference` naming each bad field."""
-    try:
-        return model.model_validate(reference)
-    except ValidationError:
-        problems = reference_errors(model, reference)
+    parsed, problems = _validate(model, reference)
+    if parsed is None or problems:
         raise InvalidReference(f"{verifier}: " + "; ".join(
-            f"{format_path(path)}: {msg}" for path, msg in problems[:5])) from None
+            f"{format_path(path)}: {msg}" for path, msg in problems[:5]))
+    return parsed
+
+
+class ReferenceShaped:
+    """Mixin of a verifier whose reference is a :class:`ReferenceModel`: ``Reference`` is the
+    shape, :meth:`reference_errors` is what the service checks before anything runs (a 422 at
+    ``body.groups[i].reference.<path>``), :meth:`reference` what ``verify`` reads."""
+
+    name: ClassVar[str]
+    Reference: ClassVar[type[ReferenceModel]]
+
+    def reference_errors(self, reference: Any) -> list[tuple[tuple[str | int, ...], str]]:
+        if not isinstance(reference, Mapping):
+            return [((), f"must be an object, not {type(reference).__name__}")]
+        return reference_errors(self.Reference, reference)
+
+    def reference(self, reference: Mapping[str, Any]) -> Any:
+        return read_reference(self.Reference, reference, self.name)

@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal, Mapping
 from pydantic import Field, field_validator, model_validator
 
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
-from rewardd.verifiers.references import ReferenceModel, StrictPart, read_reference
+from rewardd.verifiers.references import ReferenceModel, ReferenceShaped, StrictPart
 from rewardd.verifiers.structured_match import (StringMatch, UnresolvableSchema, arguments_match,
                                                 check_schema, json_schema_types, max_matching,
                                                 same, schema_errors, usable_schema)
@@ -98,15 +98,28 @@ class ToolCallReference(ReferenceModel):
             raise ValueError("give calls or possible_answer, not both")
         if self.calls is None and self.possible_answer is None and not self.tools:
             raise ValueError("tool_call needs calls, possible_answer or tools")
-        schemas = self.schemas()
-        for i, call in enumerate(self.calls or ()):
-            if schemas and call.name not in schemas:
-                raise ValueError(f"calls[{i}] calls {call.name!r}, which is not among tools")
-            errors = schema_errors(call.arguments, schemas[call.name]) if schemas else []
-            if errors:
-                raise ValueError(f"calls[{i}].arguments break the tool's own schema: "
-                                 f"{errors[0]}")
         return self
+
+    def problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        schemas = self.schemas()
+        if not schemas:
+            return []
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        names = [(("calls", i, "name"), c.name) for i, c in enumerate(self.calls or ())]
+        names += [(("possible_answer", i), next(iter(c))) for i, c in
+                  enumerate(self.possible_answer or ())]
+        for path, name in names:
+            if name not in schemas:
+                found.append((path, f"calls {name!r}, which is not among tools"))
+        for i, call in enumerate(self.calls or ()):
+            try:
+                errors = schema_errors(call.arguments, schemas.get(call.name, True))
+            except UnresolvableSchema as exc:
+                return [(("tools",), str(exc))]
+            if errors:
+                found.append((("calls", i, "arguments"), f"break the tool's own schema: "
+                              f"{errors[0]}"))
+        return found
 
     def schemas(self) -> dict[str, Any]:
         return dict(_tool_schema(t, i) for i, t in enumerate(self.tools or ()))
@@ -195,7 +208,7 @@ class JsonSchemaParams(_PartsParams):
 
 # --------------------------------------------------------------------------- tool_call
 
-class ToolCallVerifier(Verifier):
+class ToolCallVerifier(ReferenceShaped, Verifier):
     name = "tool_call"
     description = ("Tool calls (OpenAI tool_calls JSON, Hermes <tool_call> tags or a fenced "
                    "JSON block) checked against the expected calls: parts format, name and "
@@ -207,10 +220,11 @@ class ToolCallVerifier(Verifier):
         "tools": "optional list of OpenAI tools ({type: function, function: {name, "
                  "parameters}}) or BFCL function documents; parameters are JSON Schemas"}
     Params = ToolCallParams
+    Reference = ToolCallReference
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: ToolCallParams) -> Outcome:
-        ref = read_reference(ToolCallReference, reference, self.name)
+        ref: ToolCallReference = self.reference(reference)
         schemas, expected = ref.schemas(), ref.expected()
         detail: dict[str, Any] = {"weights": params.weights.by_part()}
         try:
@@ -300,8 +314,17 @@ class JsonSchemaReference(ReferenceModel):
 
     _valid = field_validator("schema_")(usable_schema)
 
+    def problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        if self.schema_ is None or "expected" not in self.model_fields_set:
+            return []
+        try:
+            errors = schema_errors(self.expected, self.schema_)
+        except UnresolvableSchema as exc:
+            return [(("schema",), str(exc))]
+        return [(("expected",), f"breaks the schema: {errors[0]}")] if errors else []
 
-class JsonSchemaVerifier(Verifier):
+
+class JsonSchemaVerifier(ReferenceShaped, Verifier):
     name = "json_schema"
     description = ("Structured output: the completion's JSON (a fenced block or the whole "
                    "completion) validated against a JSON Schema and, optionally, compared "
@@ -310,19 +333,22 @@ class JsonSchemaVerifier(Verifier):
         "schema": "JSON Schema (object) the output must satisfy; or params.json_schema",
         "expected": "optional: the JSON value the output must equal"}
     Params = JsonSchemaParams
+    Reference = JsonSchemaReference
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: JsonSchemaParams) -> Outcome:
-        ref = read_reference(JsonSchemaReference, reference, self.name)
+        ref: JsonSchemaReference = self.reference(reference)
         schema = params.json_schema if params.json_schema is not None else ref.schema_
         if schema is None:
             raise InvalidReference("json_schema: reference.schema: needed (or "
                                    "params.json_schema)")
         has_expected = "expected" in ref.model_fields_set
         try:
-            if has_expected and schema_errors(ref.expected, schema):
-                raise InvalidReference("json_schema: reference.expected breaks the schema: "
-                                       f"{schema_errors(ref.expected, schema)[0]}")
+            if has_expected and params.json_schema is not None:
+                errors = schema_errors(ref.expected, schema)  # the reference's was checked
+                if errors:
+                    raise InvalidReference("json_schema: reference.expected breaks "
+                                           f"params.json_schema: {errors[0]}")
             parts, detail = _json_parts(sample.completion, schema, ref.expected, has_expected,
                                         params)
         except UnresolvableSchema as exc:

@@ -253,10 +253,11 @@ def test_tools_without_expected_calls_score_validity() -> None:
     ({"calls": [{"arguments": {}}]}, "reference.calls[0].name"),
     ({"calls": "f()"}, "reference.calls"),
     ({"tools": [{"name": "f", "parameters": {"type": "objekt"}}]}, "tools[0].parameters"),
-    ({"tools": [WEATHER_TOOL], "calls": [{"name": "get_weather"}]}, "not among tools"),
+    ({"tools": [WEATHER_TOOL], "calls": [{"name": "get_weather"}]},
+     "reference.calls[0].name: calls 'get_weather', which is not among tools"),
     ({"tools": [WEATHER_TOOL], "calls": [{"name": "get_current_weather",
                                           "arguments": {"location": 3}}]},
-     "break the tool's own schema"),
+     "reference.calls[0].arguments: break the tool's own schema"),
     ({"possible_answer": [{"f": {"a": [1]}, "g": {}}]}, "exactly one function"),
     ({"tools": [{"name": "f", "parameters": {"$ref": "https://example.com/s.json"}}],
       "calls": [{"name": "f"}]}, "does not resolve"),
@@ -319,8 +320,25 @@ def test_json_schema_the_last_fenced_block_counts() -> None:
 @pytest.mark.parametrize("reference,field", [
     ({}, "reference.schema: needed"),
     ({"schema": {"type": "objekt"}}, "reference.schema"),
-    ({"schema": PERSON, "expected": {"name": "Ada"}}, "reference.expected breaks the schema"),
+    ({"schema": PERSON, "expected": {"name": "Ada"}}, "reference.expected: breaks the schema"),
 ])
 def test_json_schema_bad_references(reference: dict[str, Any], field: str) -> None:
     out = js("{}", reference)
     assert out.error is FailureKind.invalid_reference and field in out.detail["message"]
+
+
+@pytest.mark.parametrize("name,reference,errors", [
+    ("tool_call", {"calls": [{"name": "f", "args": {}}]},
+     [(("calls", 0, "args"), "Extra inputs are not permitted")]),
+    ("tool_call", {"tools": [WEATHER_TOOL], "possible_answer": [{"g": {}}]},
+     [(("possible_answer", 0), "calls 'g', which is not among tools")]),
+    ("tool_call", {"answer": "42", **WEATHER}, []),  # another component's key passes
+    ("json_schema", {"schema": {"type": "objekt"}},
+     [(("schema",), "not a valid JSON Schema at type: 'objekt' is not valid under any of "
+                    "the given schemas")]),
+    ("json_schema", {}, []),  # the schema may come in params: checked when it runs
+    ("tool_call", ["f"], [((), "must be an object, not list")]),
+])
+def test_reference_errors_give_the_path_the_service_reports(name: str, reference: Any,
+                                                            errors: list[Any]) -> None:
+    assert REGISTRY[name].reference_errors(reference) == errors
