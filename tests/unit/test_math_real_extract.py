@@ -150,6 +150,13 @@ def test_reference_answer(reference, answer):
     ("Step 1: $a = 7$.\n\n19", "19", "bare"),
     ("The answer is $x=2$ or $x=3$.", "x=2, x=3", "final_answer_is"),
     ("The answer is:\n\n$$\\frac{\\pi}{3}$$\n\nsince...", "\\frac{\\pi}{3}", "final_answer_is"),
+    ("**Answer: 5**", "5", "answer_line"),
+    ("We compute.\n\n---", None, "no_answer"),
+    ("<think>\\boxed{5}</think>\nSo 5 of them, in 2 steps.", "5", "boxed"),
+    ("<think>I think 7</think>\nSo 5 of them, in 2 steps.", "2", "last_number"),
+    ("It costs $5 and $6 more, so $11 total.", "11", "last_number"),
+    ("The answer is $3$, $4$, and $5$.", "3, 4, 5", "final_answer_is"),
+    ("The cost is $12.", "12", "closing"),
 ])
 def test_extraction_rule_and_answer(completion, answer, rule):
     found = extract_answer(completion)

@@ -66,6 +66,10 @@ _TAIL_POLITE = re.compile(
     r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
     re.IGNORECASE)
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
+_MATH_LINE = re.compile(r"^(?=.*[\w\\])[\w\s\\{}^_+\-*/=<>()\[\].,:;|!'&%$]+$")
+"""The characters of a line of mathematics (below a multi-line text: the ``bare`` rule)."""
+_STRONG: frozenset[str] = frozenset({"boxed", "final_answer_is", "answer_line"})
+_CURRENCY = re.compile(r"(?<![\\$])\$(?=\d)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,7 @@ def clean_answer(text: str) -> str:
     text = text.strip()
     while text != prev:
         prev = text
-        text = _HEADING_MARK.sub("", text.strip().rstrip(".").strip())
+        text = _HEADING_MARK.sub("", text.strip().rstrip(".").strip()).strip("*").strip()
         for left, right in (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"),
                             ("\\[", "\\]")):
             inner = text[len(left):len(text) - len(right)]
@@ -165,6 +169,8 @@ def _last_math_line(text: str, first: bool = False) -> str | None:
             return None
     if len(line) > 300 or is_prose(line):
         return None
+    if "\n" in text and not _MATH_LINE.match(line):
+        return None  # a rule, a check mark, a list label ending the reasoning: no answer
     return tidy(clean_answer(line)) or None
 
 
@@ -274,15 +280,38 @@ def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "au
             if boxes:
                 break
     rules = _AUTO_RULES if mode == "auto" else _AUTO_RULES[:1]
+    return _first_found([_money(s) for s in segments], rules)
+
+
+def _first_found(segments: list[str],
+                 rules: tuple[tuple[Rule, Callable[[str], str | None]], ...]) -> Extraction:
+    """The rules over the answer part, then the reasoning; but a stated answer in the
+    reasoning (a box, "the answer is") beats a bare last number after ``</think>``."""
+    weak: Extraction | None = None
     for segment in segments:
         for rule, find in rules:
+            if weak is not None and rule not in _STRONG:
+                return weak
             answer = find(segment)
-            if answer:
+            if not answer:
+                continue
+            if rule != "last_number" or len(segments) == 1:
                 return Extraction(answer, rule)
-    return Extraction(None, "no_answer")
+            weak = weak or Extraction(answer, rule)
+            break
+    return weak or Extraction(None, "no_answer")
 
 
-@functools.lru_cache(maxsize=4096)
+def _money(text: str) -> str:
+    """GSM8K-style prose writes amounts with a bare ``$`` (``costs $5 and $6``): when a
+    ``$...$`` span closes right before a digit, every ``$`` before a digit is a currency sign
+    and is escaped, so no rule reads ``5 and`` as a math span."""
+    if not any(m.group("s") is not None and text[m.end():m.end() + 1].isdigit()
+               for m in math_spans(text)):
+        return text
+    return _CURRENCY.sub(r"\\$", text)
+
+
 def reference_answer(reference: str) -> str | None:
     """The answer of a reference: the reference itself when it is one, else (a whole solution
     text: prose, a box inside text) the answer extracted from it the way a prediction's is;

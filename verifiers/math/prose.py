@@ -96,8 +96,9 @@ def closing_number(sentence: str) -> str | None:
         tail = _NUMBER_THEN_WORDS.match(sentence[m.end():].strip())
         if tail is None:
             continue
-        number = last_numeric(tail.group("n"))
-        if number is not None and number == tail.group("n"):
+        written = re.sub(r"^\\?\$", "", tail.group("n"))  # an amount: $12, \$12
+        number = last_numeric(written)
+        if number is not None and number == written:
             return number
     return None
 
