@@ -75,3 +75,134 @@ def test_exactness_decisions_are_kept():
     assert check("\\boxed{\\pm 2021}", "2021").reward == 0.0
     assert check("\\boxed{1+\\frac{1}{e}}", "1-\\frac{1}{e}").reward == 0.0
     assert check("\\boxed{\\frac{\\pi}{2004!}}", "\\frac{2005\\cdot 2006\\pi}{2006!}").reward == 1.0
+
+
+# ------------------------------------------------------------------ class 3: several boxes
+
+
+@pytest.mark.parametrize(("completion", "reference", "reward"), [
+    ("The roots are \\boxed{2} and \\boxed{3}.", "2, 3", 1.0),
+    ("The roots are \\boxed{3} and \\boxed{2}.", "\\{2,3\\}", 1.0),
+    ("The roots are \\boxed{2} and \\boxed{4}.", "\\{2,3\\}", 0.0),
+    ("\\boxed{(1,2)}, \\boxed{(2,1)}", "\\{(1,2),(2,1)\\}", 1.0),
+    ("\\boxed{(1,2)}, \\boxed{(1,3)}", "\\{(1,2),(2,1)\\}", 0.0),
+    ("\\boxed{k=45} and \\boxed{n=2}", "k=45, n=2", 1.0),
+    ("\\boxed{k=45} and \\boxed{n=3}", "k=45, n=2", 0.0),
+    ("$p=\\boxed{3}$, $q=\\boxed{2}$", "(p,q)=(3,2)", 1.0),
+    ("$p=\\boxed{2}$, $q=\\boxed{3}$", "(3,2)", 0.0),  # a tuple reference is ordered
+    ("\\boxed{2} and \\boxed{3}", "3", 1.0),  # a single-part reference: the last box
+    ("\\boxed{3} at first, then \\boxed{2}", "3", 0.0),
+    ("\\boxed{1} is wrong; the solutions are \\boxed{2, 3}", "2, 3", 1.0),  # a whole last box
+])
+def test_several_boxes_are_read_together_against_a_reference_of_several_parts(
+        completion, reference, reward):
+    assert check(completion, reference).reward == reward
+
+
+def test_boxes_together_is_the_reported_rule_and_only_in_the_answer_part():
+    out = check("\\boxed{2} and \\boxed{3}", "2, 3")
+    assert (out.detail["rule"], out.detail["extracted"]) == ("boxes_together", "2, 3")
+    out = check("<think>\\boxed{5}</think> So \\boxed{2} and \\boxed{3}.", "\\{2, 3\\}")
+    assert (out.detail["rule"], out.detail["extracted"]) == ("boxes_together", "\\{2, 3\\}")
+    assert check("\\boxed{2} and \\boxed{3}", "2, 3", {"extract": "boxed"}).reward == 1.0
+
+
+# ------------------------------------------------------------------ class 4: labels
+
+
+@pytest.mark.parametrize(("completion", "reference", "reward"), [
+    ("\\boxed{(3,2)}", "(p,q)=(3,2)", 1.0),
+    ("\\boxed{(2,3)}", "(p,q)=(3,2)", 0.0),
+    ("\\boxed{(p,q)=(3,2)}", "(p,q)=(3,2)", 1.0),
+    ("\\boxed{4, 5}", "AB=4, CD=5", 1.0),
+    ("\\boxed{5, 4}", "AB=4, CD=5", 0.0),  # distinct labels: the values answer in order
+    ("\\boxed{CD=5, AB=4}", "AB=4, CD=5", 1.0),
+    ("\\boxed{AB=5, CD=4}", "AB=4, CD=5", 0.0),
+    ("\\boxed{1}", "|AB|=1", 1.0),
+    ("\\boxed{\\overline{AB}=1}", "|AB|=1", 1.0),
+    ("\\boxed{CD=1}", "|AB|=1", 0.0),  # another label: another quantity
+    ("\\boxed{1}", "f(x)=1", 1.0),
+    ("\\boxed{x^2+1}", "f(x) = x^2+1", 1.0),
+    ("\\boxed{f(x) = 1 + x^2}", "f(x) = x^2+1", 1.0),
+    ("\\boxed{11:21}", "V_1:V_2=11:21", 1.0),
+    ("\\boxed{21:11}", "V_1:V_2=11:21", 0.0),
+    ("\\boxed{7:32}", "S=7:32", 1.0),
+    ("\\boxed{\\frac{1}{\\sqrt6}}", "\\frac{NO}{BO}=\\frac{1}{\\sqrt6}", 1.0),
+    ("\\boxed{\\frac{\\sqrt6}{6}}", "\\frac{NO}{BO}=\\frac{1}{\\sqrt6}", 1.0),
+    ("\\boxed{30^\\circ}", "\\angle ABC = 30^\\circ", 1.0),
+    ("\\boxed{x = 5+5+1 = 11}", "11", 1.0),
+    ("\\boxed{x = 5+5+1 = 12}", "11", 0.0),
+    ("\\boxed{2\\cdot 3 + 5 = 11 = 11}", "11", 1.0),
+    ("\\boxed{f(y) = y}", "f(y) = y", 1.0),
+    ("\\boxed{f(x+y) = f(x) + f(y)}", "f(x+y) = f(x) + f(y)", 1.0),
+    ("\\boxed{g(x)^2 = 1}", "g(x)^2 = 1", 1.0),  # identical, though no point evaluates g
+    ("\\boxed{f(y) = 2y}", "f(y) = y", 0.0),
+])
+def test_labelled_answers_and_chains(completion, reference, reward):
+    assert check(completion, reference).reward == reward
+
+
+def test_strict_mode_wants_the_label():
+    assert check("\\boxed{4}", "AB=4", {"mode": "strict"}).reward == 0.0
+    assert check("\\boxed{AB = 4}", "AB=4", {"mode": "strict"}).reward == 1.0
+
+
+# ------------------------------------------------------------------ class 8: matrices
+
+
+_M = "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"
+
+
+@pytest.mark.parametrize(("completion", "reference", "reward"), [
+    ("\\boxed{\\left[\\begin{array}{cc}1&2\\\\3&4\\end{array}\\right]}", _M, 1.0),
+    ("\\boxed{\\left[\\begin{array}{cc}1&2\\\\3&5\\end{array}\\right]}", _M, 0.0),
+    ("\\boxed{\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}}", _M, 1.0),
+    ("\\boxed{\\begin{Bmatrix}1&2\\\\3&4\\end{Bmatrix}}", _M, 1.0),
+    ("\\boxed{\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix}}", "-2", 1.0),
+    ("\\boxed{\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix}}", "2", 0.0),
+    ("\\boxed{\\begin{vmatrix}a&b\\\\c&d\\end{vmatrix}}", "ad-bc", 1.0),
+    ("\\boxed{-2}", "\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix}", 1.0),
+    (f"\\boxed{{{_M} + \\begin{{pmatrix}}5&6\\\\7&8\\end{{pmatrix}}}}",
+     "\\begin{pmatrix}6&8\\\\10&12\\end{pmatrix}", 1.0),
+    (f"\\boxed{{{_M} + \\begin{{pmatrix}}5&6\\\\7&8\\end{{pmatrix}}}}",
+     "\\begin{pmatrix}6&8\\\\10&13\\end{pmatrix}", 0.0),
+    (f"\\boxed{{2{_M}}}", "\\begin{pmatrix}2&4\\\\6&8\\end{pmatrix}", 1.0),
+    (f"\\boxed{{{_M}^{{-1}}}}", "\\begin{pmatrix}-2&1\\\\3/2&-1/2\\end{pmatrix}", 1.0),
+    (f"\\boxed{{{_M}^{{1000}}}}", "\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}", 0.0),
+])
+def test_matrices_arrays_determinants_and_arithmetic(completion, reference, reward):
+    assert check(completion, reference).reward == reward
+
+
+# ------------------------------------------------------------------ class 9: written forms
+
+
+@pytest.mark.parametrize(("completion", "reference", "reward"), [
+    ("\\boxed{12:00}", "1:00", 0.0),
+    ("\\boxed{12:00}", "12:00", 1.0),
+    ("\\boxed{3:0}", "5:0", 0.0),
+    ("\\boxed{2:4}", "1:2", 1.0),  # no zero part: still a ratio
+    ("AZYUK2A", "2", 0.0),
+])
+def test_clock_times_and_zero_ratios_compare_as_written(completion, reference, reward):
+    assert check(completion, reference).reward == reward
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def test_decimal_comma_is_a_parameter_off_by_default():
+    assert check("\\boxed{2,74}", "2.74").reward == 0.0
+    assert check("\\boxed{2,74}", "2.74", {"decimal_comma": True}).reward == 1.0
+    assert check("\\boxed{2{,}74}", "2,74", {"decimal_comma": True}).reward == 1.0
+    assert check("\\boxed{2,74}", "274", {"decimal_comma": True}).reward == 0.0
+    assert check("\\boxed{2, 74}", "2, 74").reward == 1.0  # a list by default
+    assert check("\\boxed{1, 5}", "1, 5", {"decimal_comma": True}).reward == 1.0  # both sides
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError):
+        MathVerifier.Params.model_validate({"decimal_comma": "yes please"})
+
+
+def test_a_rounded_third_needs_the_rounding_parameter():
+    assert check("\\boxed{0.33}", "\\frac13").reward == 0.0
+    assert check("\\boxed{0.33}", "\\frac13", {"min_rounding_digits": 2}).reward == 1.0

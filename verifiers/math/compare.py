@@ -38,7 +38,7 @@ from rewardd.verifiers.math.answer import (Collection, ExprLeaf, Interval, Matri
                                    TextLeaf, Union_)
 from rewardd.verifiers.math.guards import fold
 from rewardd.verifiers.math.labels import Labelled
-from rewardd.verifiers.math.matrices import Determinant, evaluate_matrix_expression
+from rewardd.verifiers.math.matrices import Determinant, evaluate_matrix_expression, is_matrix_expression
 from rewardd.verifiers.math.normalize import Annotations
 from rewardd.verifiers.math.numbers import Number
 from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated
@@ -96,7 +96,7 @@ def _canonical(node: Node) -> Node:
     if not isinstance(node, ExprLeaf):
         return node
     expr = node.expr
-    if isinstance(expr, sympy.MatrixExpr) and not isinstance(expr, sympy.MatrixBase):
+    if is_matrix_expression(expr):
         expr = evaluate_matrix_expression(expr)  # A + B, 2A, A^{-1}
     if isinstance(expr, sympy.FiniteSet):
         return Collection("set", tuple(_canonical(ExprLeaf(e)) for e in expr.args))
@@ -156,7 +156,7 @@ def _determinant(a: Node, b: Node, options: Options) -> Verdict:
         other = other.matrix
     if isinstance(other, Matrix):
         return _matrix(det.matrix, other, options)
-    cells = [[_as_sympy_value(c) for c in row] for row in det.matrix.rows]
+    cells = [[_cell_value(c) for c in row] for row in det.matrix.rows]
     if len(cells) != len(cells[0]) or any(c is None for row in cells for c in row):
         return False, "kind_mismatch"
     try:
@@ -164,6 +164,13 @@ def _determinant(a: Node, b: Node, options: Options) -> Verdict:
     except (ValueError, TypeError, ArithmeticError):
         return False, "kind_mismatch"
     return equivalent(ExprLeaf(value), other, options)[0], "determinant"
+
+
+def _cell_value(node: Node) -> sympy.Basic | None:
+    """A matrix entry as a sympy value, variables allowed (``ad - bc``)."""
+    if isinstance(node, NumberLeaf):
+        return sympy.Rational(node.number.value.numerator, node.number.value.denominator)
+    return _exact_decimals(node.expr) if isinstance(node, ExprLeaf) else None
 
 
 def _union(a: Node, b: Node, options: Options) -> Verdict:

@@ -47,20 +47,41 @@ def is_single_environment(body: str) -> bool:
     return _ENVIRONMENT.search(body) is None
 
 
+def is_matrix_expression(expr: sympy.Basic) -> bool:
+    """``A + B``, ``2A``, ``AB``, ``A^T`` (sympy matrix expressions) or ``A^{-1}`` (a power
+    of a matrix, which latex2sympy leaves as a plain ``Pow``)."""
+    return (isinstance(expr, sympy.MatrixExpr) and not isinstance(expr, sympy.MatrixBase)) \
+        or (isinstance(expr, sympy.Pow) and bool(expr.base.is_Matrix))
+
+
 def evaluate_matrix_expression(expr: sympy.Basic) -> sympy.Basic:
-    """``A + B``, ``2A``, ``A B``, ``A^{-1}``, ``A^T`` of explicit matrices, evaluated to one
-    matrix; returned unchanged when it has a power above ``MAX_POWER`` or does not evaluate."""
-    if any(isinstance(p.exp, sympy.Integer) and abs(int(p.exp)) > MAX_POWER
-           or not isinstance(p.exp, sympy.Integer)
-           for p in expr.atoms(sympy.Pow, sympy.MatPow) if p.base.is_Matrix):
-        return expr
+    """A matrix expression of explicit matrices evaluated to one matrix; returned unchanged
+    when it has a power that is not an integer of at most ``MAX_POWER`` or does not
+    evaluate (a singular inverse)."""
     try:
-        value = expr.doit()
-    except (ValueError, TypeError, ArithmeticError, sympy.matrices.common.NonInvertibleMatrixError,
-            sympy.ShapeError):
+        return _evaluate(expr)
+    except (ValueError, TypeError, ArithmeticError, sympy.ShapeError):
         return expr
+
+
+def _evaluate(expr: sympy.Basic) -> sympy.Basic:
+    if isinstance(expr, (sympy.Pow, sympy.MatPow)) and bool(expr.base.is_Matrix):
+        exponent = expr.exp
+        if not isinstance(exponent, sympy.Integer) or abs(int(exponent)) > MAX_POWER:
+            raise ValueError("matrix power out of range")
+        base = _evaluate(expr.base)
+        if not isinstance(base, sympy.MatrixBase):
+            raise ValueError("not an explicit matrix")
+        return sympy.ImmutableMatrix(base) ** int(exponent)
+    if isinstance(expr, sympy.MatrixBase):
+        return sympy.ImmutableMatrix(expr)
+    if not expr.args or not any(bool(getattr(a, "is_Matrix", False)) or is_matrix_expression(a)
+                                for a in expr.args):
+        return expr
+    args = [_evaluate(a) for a in expr.args]
+    value = expr.func(*args).doit()
     return sympy.ImmutableMatrix(value) if isinstance(value, sympy.MatrixBase) else value
 
 
-__all__ = ["Determinant", "MAX_POWER", "evaluate_matrix_expression", "is_single_environment",
-           "unwrap"]
+__all__ = ["Determinant", "MAX_POWER", "evaluate_matrix_expression", "is_matrix_expression",
+           "is_single_environment", "unwrap"]

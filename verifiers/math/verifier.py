@@ -18,6 +18,7 @@ from pydantic import Field
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
 from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
+from rewardd.verifiers.math.several import boxes_together, decimal_comma
 from rewardd.verifiers.math.extract import (choice_letter, clean_answer, extract_answer, extract_choice,
                                             reference_answer)
 
@@ -31,8 +32,10 @@ class MathParams(VerifierParams):
     ``$..$``, the last number. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
     completion is the answer."""
     boxed: Literal["last", "all"] = "last"
-    """``last``: the last box is the answer. ``all``: every box, as an unordered list of
-    answers (for questions with several answers)."""
+    """``last``: the last box is the answer, except where the reference has several parts
+    (``2, 3``, ``\\{(1,2),(2,1)\\}``, ``k=45, n=2``) and the last box one: then the boxes are
+    read together, as a set or list (a tuple where the reference is ordered). ``all``: every
+    box, as an unordered list of answers, whatever the reference."""
     mode: Literal["lenient", "strict"] = "lenient"
     """``lenient`` also accepts: a decimal that correctly rounds the reference (with at least
     ``min_rounding_digits`` significant digits), ``x = 5`` for ``5``, a bare list for a set,
@@ -51,6 +54,11 @@ class MathParams(VerifierParams):
     max_digits: int = Field(default=20_000, ge=100, le=200_000)
     """Size guard: numbers above this many digits are never computed, only compared as
     written."""
+    decimal_comma: bool = False
+    """``true``: an answer or reference that is one number with one comma between digits
+    (``2,74``, ``-0{,}5``) is a decimal, 2.74, as written in much of Europe. ``false``
+    (default): such a comma separates a list (``1,5`` is 1 and 5) or thousands (``1,000``),
+    so a list is never read as a decimal by accident."""
 
     def options(self) -> Options:
         percent = self.percent or ("either" if self.mode == "lenient" else "fraction")
@@ -124,6 +132,8 @@ class MathVerifier(Verifier):
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: MathParams) -> Outcome:
         ref_text = self._reference_text(reference)
+        if params.decimal_comma:
+            ref_text = decimal_comma(ref_text)
         letter = _CHOICE_REFERENCE.match(ref_text)
         if letter is not None:
             return self._choice(sample, letter.group(1), params)
@@ -132,23 +142,31 @@ class MathVerifier(Verifier):
             raise InvalidReference(f"math verifier could not parse the reference answer "
                                    f"{ref_text[:200]!r}: {parsed_reference}")
         found = extract_answer(sample.completion, params.extract, params.boxed)
+        answer, rule = found.answer, str(found.rule)
+        if rule == "boxed" and params.boxed == "last":
+            together = boxes_together(sample.completion, parsed_reference,
+                                      lambda text: _parsed(text, params.max_digits))
+            if together is not None:
+                answer, rule = together, "boxes_together"
+        if answer is not None and params.decimal_comma:
+            answer = decimal_comma(answer)
         detail: dict[str, Any] = {
-            "extracted": None if found.answer is None else found.answer[:200],
-            "rule": found.rule,
+            "extracted": None if answer is None else answer[:200],
+            "rule": rule,
             "parsed_prediction": None,
             "parsed_reference": describe(parsed_reference),
             "decided_by": None,
         }
-        if found.answer is None:
+        if answer is None:
             return Outcome.success(0.0, **detail)
-        parsed_prediction = _parsed(found.answer, params.max_digits)
+        parsed_prediction = _parsed(answer, params.max_digits)
         if isinstance(parsed_prediction, str):
-            detail.update(rule="unparseable_prediction", extraction_rule=found.rule,
+            detail.update(rule="unparseable_prediction", extraction_rule=rule,
                           reason=parsed_prediction)
             return Outcome.success(0.0, **detail)
         detail["parsed_prediction"] = describe(parsed_prediction)
-        same, rule = _verdict(ref_text, found.answer, params.options())
-        detail["decided_by"] = rule
+        same, decided_by = _verdict(ref_text, answer, params.options())
+        detail["decided_by"] = decided_by
         return Outcome.success(1.0 if same else 0.0, **detail)
 
     @staticmethod
