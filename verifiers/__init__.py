@@ -11,9 +11,11 @@ from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Samp
 from rewardd.verifiers.code import CodeVerifier
 from rewardd.verifiers.critique import CritiqueVerifier
 from rewardd.verifiers.judge.arena import ArenaVerifier
+from rewardd.verifiers.judge.refusal_judge import RefusalJudgeVerifier
 from rewardd.verifiers.judge.reward_model import RewardModelVerifier
 from rewardd.verifiers.judge.rubric import RubricVerifier
 from rewardd.verifiers.math import MathVerifier
+from rewardd.verifiers.refusal import RefusalVerifier
 from rewardd.verifiers.structured import JsonSchemaVerifier, ToolCallVerifier
 from rewardd.verifiers.text import ExactMatchVerifier, LengthVerifier, RegexVerifier
 
@@ -21,7 +23,7 @@ REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
                         LengthVerifier(), RubricVerifier(), ArenaVerifier(),
                         RewardModelVerifier(), ToolCallVerifier(), JsonSchemaVerifier(),
-                        CritiqueVerifier())
+                        CritiqueVerifier(), RefusalVerifier(), RefusalJudgeVerifier())
 }
 
 

@@ -27,6 +27,7 @@ ROUTES: dict[str, str] = {
     "rubric": "gpu",
     "arena": "gpu",
     "reward_model": "gpu",
+    "refusal_judge": "gpu",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
