@@ -88,9 +88,16 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         if owned:
             app.state.executor = await start_executor(settings)
         await app.state.job_runner.start()  # resumes jobs whose API pod died (Redis store)
+        grpc_server = None
+        if settings.grpc_port is not None:  # the same calls over gRPC, on this event loop
+            from rewardd.service.grpc import server as grpc_api
+
+            grpc_server, app.state.grpc_port = await grpc_api.start(app.state, settings)
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_api.stop(grpc_server)
             await app.state.job_runner.close()
             if owned:
                 app.state.executor.close()

@@ -50,11 +50,11 @@ def main() -> None:
 
 
 @main.command()
-@settings_options("host", "port", "workers", "pool_size", "verifier_timeout_s",
+@settings_options("host", "port", "grpc_port", "workers", "pool_size", "verifier_timeout_s",
                   "max_verifier_timeout_s", "max_body_bytes", "plugins", "broker_url",
                   "state_url", "api_keys_file", "tenant_max_concurrent_jobs", "log_level")
 def serve(**flags: Any) -> None:
-    """Run the HTTP API: verifiers in an embedded process pool (no Redis needed), or on
+    """Run the HTTP API (and gRPC with --grpc-port): verifiers in an embedded process pool (no Redis needed), or on
     `rewardd worker` processes when a broker is set (--broker-url / REWARDD_BROKER_URL)."""
     import uvicorn
 

@@ -20,6 +20,10 @@ class Settings(WorkerSettings):
     host: str = Field("127.0.0.1", description="Address the API server binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port the API server listens on.")
     workers: int = Field(1, ge=1, description="Uvicorn worker processes for `rewardd serve`.")
+    grpc_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of the gRPC API (rewardd.v1, the same calls "
+        "as /v1), served by the same process and event loop as REST on the same host; unset: "
+        "no gRPC. 0 binds a free port.")
     max_body_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Largest accepted request body; larger gets 413.")
     max_rollouts_per_request: int = Field(

@@ -57,6 +57,7 @@ import hashlib
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import orjson
@@ -68,7 +69,7 @@ from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, res
 from rewardd.service.codec import read_model, render, wants_msgpack
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.gcpause import gc_paused
-from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
+from rewardd.service.jobs.store import FINAL, SUCCEEDED, Event, Job, JobStore, key_digest
 from rewardd.service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 
@@ -108,14 +109,14 @@ def _submitted(request: Request, job: Job, status: int) -> Response:
     return response
 
 
-def _existing(request: Request, job: Job, digest: str) -> Response:
-    """The answer to a submit whose Idempotency-Key names ``job``."""
+def _same_body(job: Job, digest: str) -> Job:
+    """``job``, which a submit's Idempotency-Key names; a 422 when its body differed."""
     if job.digest != digest:
         raise RequestInvalid([error(
             ("header", "Idempotency-Key"),
             f"this Idempotency-Key was already used for a different request body (job "
             f"{job.id}); send a new key with a new body", "idempotency_key_reused")])
-    return _submitted(request, job, 200)
+    return job
 
 
 async def _own(request: Request, tenant: Tenant, job_id: str) -> Job:
@@ -156,7 +157,15 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
     """Run a /v1/score body in the background; 202 with the job's id at once (200 with the
     existing job for a repeated `Idempotency-Key`)."""
     req = await read_model(request, ScoreRequest)
-    state = request.app.state
+    job, created = await submit_job(request.app.state, tenant, req, idempotency_key)
+    return _submitted(request, job, 202 if created else 200)
+
+
+async def submit_job(state: Any, tenant: Tenant, req: ScoreRequest,
+                     idempotency_key: str | None) -> tuple[Job, bool]:
+    """Check ``req``, take the tenant's slot and start its job: (the job, True), or (the
+    job an ``idempotency_key`` already named, False). The REST route and gRPC's SubmitJob
+    both call this."""
     store: JobStore = state.jobs
     await asyncio.to_thread(pipeline.check_request, req, state.settings)  # a 422 now, never a
     # failed job; off the event loop like every CPU-heavy step (see service.pipeline)
@@ -169,7 +178,7 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
     if idempotency is not None:
         existing = await store.find(tenant.name, idempotency)
         if existing is not None:
-            return _existing(request, existing, digest)
+            return _same_body(existing, digest), False
     job = Job(id=uuid.uuid4().hex, tenant=tenant.name, tenant_limit=tenant.max_concurrent_jobs,
               total=sum(len(g.rollouts) for g in req.groups) * len(req.rewards),
               created_at=time.time(), idempotency=idempotency, digest=digest)
@@ -182,9 +191,9 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
         raise
     if created.id != job.id:  # a concurrent submit with the same key won
         await state.limiter.release(tenant, job.id)
-        return _existing(request, created, digest)
+        return _same_body(created, digest), False
     runner.launch(created, req)
-    return _submitted(request, created, 202)
+    return created, True
 
 
 @router.get("/jobs/{job_id}", response_model=None, summary="Job state, progress and result",
@@ -212,19 +221,25 @@ async def status(job_id: str, request: Request,
 async def cancel(job_id: str, request: Request,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """Cancel an active job (idempotent); answers the job's state afterwards."""
-    job = await _own(request, tenant, job_id)
-    state = request.app.state
+    job = await cancel_job(request.app.state, await _own(request, tenant, job_id))
+    return render(request, {**job.view(), "result": None})
+
+
+async def cancel_job(state: Any, job: Job) -> Job:
+    """Cancel ``job`` if still active; the job afterwards (REST's DELETE and gRPC's
+    CancelJob)."""
     if job.active:
         job = await state.jobs.finish(job, "cancelled") or job
         state.job_runner.cancel(job.id, "cancelled")  # this pod's runner at once; others
         # notice at their next lease renewal
-    return render(request, {**job.view(), "result": None})
+    return job
 
 
 _EVENT_ID = re.compile(r"[0-9]{1,19}")
 
 
-async def _resume_after(store: JobStore, job_id: str, header: str | None) -> int:
+async def resume_after(store: JobStore, job_id: str, header: str | None,
+                       loc: tuple[str, ...] = ("header", "Last-Event-ID")) -> int:
     """The event id a ``Last-Event-ID`` header resumes after (0 without one); a 422 naming
     the header unless it is an id the job's stream has sent."""
     text = (header or "").strip()
@@ -234,10 +249,18 @@ async def _resume_after(store: JobStore, job_id: str, header: str | None) -> int
     if _EVENT_ID.fullmatch(text) is None or int(text) > last:
         shown = text if len(text) <= 40 else text[:37] + "..."
         raise RequestInvalid([error(
-            ("header", "Last-Event-ID"), f"must be the id of an event this job's stream has "
+            loc, f"must be the id of an event this job's stream has "
             f"sent: an integer from 0 to {last} (its latest event so far); got {shown!r}. "
             "Omit the header to read the stream from its start")])
     return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgressTick:
+    """Progress of a running job, as a stream reports it between events."""
+
+    done: int
+    total: int
 
 
 def _sse(event_id: int | None, kind: str, data: bytes) -> bytes:
@@ -245,7 +268,15 @@ def _sse(event_id: int | None, kind: str, data: bytes) -> bytes:
     return f"{head}event: {kind}\n".encode() + b"data: " + data + b"\n\n"
 
 
-async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[bytes]:
+async def job_events(store: JobStore, job_id: str, after: int,
+                     heartbeat_s: float | None = None
+                     ) -> AsyncIterator[Event | JobProgressTick | None]:
+    """The job's stored events after ``after`` as they happen, a :class:`JobProgressTick`
+    when progress changed between them, ``None`` after ``heartbeat_s`` (default
+    :data:`HEARTBEAT_S`) of silence; ends
+    after the terminal event (or at once for a job that expired or already ended). The SSE
+    stream and gRPC's WatchJob both read this."""
+    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     last_progress: tuple[int, int] | None = None
@@ -253,7 +284,7 @@ async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[byt
         job = await store.get(job_id)  # before the events: a final state read here has its
         events = await store.events(job_id, after)  # terminal event in this read
         for event in events:
-            yield _sse(event.seq, event.kind, event.data)
+            yield event
             after = event.seq
             quiet_since = loop.time()
             if event.kind in FINAL:
@@ -262,12 +293,22 @@ async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[byt
             return
         if (job.done, job.total) != last_progress:
             last_progress = (job.done, job.total)
-            yield _sse(None, "progress", orjson.dumps({"done": job.done, "total": job.total}))
+            yield JobProgressTick(job.done, job.total)
             quiet_since = loop.time()
-        elif loop.time() - quiet_since >= HEARTBEAT_S:
-            yield b": keep-alive\n\n"
+        elif loop.time() - quiet_since >= heartbeat_s:
+            yield None
             quiet_since = loop.time()
         await asyncio.sleep(STREAM_POLL_S)
+
+
+async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[bytes]:
+    async for item in job_events(store, job_id, after):
+        if item is None:
+            yield b": keep-alive\n\n"
+        elif isinstance(item, JobProgressTick):
+            yield _sse(None, "progress", orjson.dumps({"done": item.done, "total": item.total}))
+        else:
+            yield _sse(item.seq, item.kind, item.data)
 
 
 @router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
@@ -284,7 +325,7 @@ async def events(job_id: str, request: Request, tenant: Tenant = Depends(current
                  ) -> StreamingResponse:
     """Events of the job as they happen; resumable with `Last-Event-ID`."""
     job = await _own(request, tenant, job_id)
-    after = await _resume_after(request.app.state.jobs, job.id, last_event_id)
+    after = await resume_after(request.app.state.jobs, job.id, last_event_id)
     return StreamingResponse(_stream(request.app.state.jobs, job.id, after),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
@@ -13,9 +14,10 @@ from rewardd.service.models import VerifyRequest, VerifyResponse
 from rewardd.service.pipeline import call_timeout, run_calls
 from rewardd.advantages.checks import raise_if, validate_params
 from rewardd.service.validation import check_timeout
+from rewardd.service.settings import Settings
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
 from rewardd.verifiers import Sample, get_verifier
-from rewardd.workers.executor import VerifyCall
+from rewardd.workers.executor import Executor, VerifyCall
 
 router = APIRouter(prefix="/v1", tags=["verifiers"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -29,19 +31,25 @@ async def verify(verifier: str, request: Request,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """Run one verifier on one completion, under the same limits as a batch."""
     try:
-        impl = get_verifier(verifier)
+        get_verifier(verifier)
     except KeyError as exc:
         raise HTTPException(404, exc.args[0]) from None
     state = request.app.state
     async with state.limiter.hold(tenant):  # a worker's time, like a batch's
         req = await read_model(request, VerifyRequest)
-        settings = state.settings
-        # off the event loop: validating params may compile a request's regex (megabytes)
-        raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params,
-                                         ("body", "params"))
-                 + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
-        call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
-                          req.reference, req.params, call_timeout(req.timeout_s, settings))
-        [result] = await run_calls([call], state.executor)
+        return render(request, await verify_one(verifier, req, state.settings, state.executor))
+
+
+async def verify_one(verifier: str, req: VerifyRequest, settings: Settings,
+                     executor: Executor) -> dict[str, Any]:
+    """One validated item through ``verifier`` (a registered name): its outcome as the
+    response body. The REST route and gRPC's Verify both call this."""
+    impl = get_verifier(verifier)
+    # off the event loop: validating params may compile a request's regex (megabytes)
+    raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params, ("body", "params"))
+             + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
+    call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
+                      req.reference, req.params, call_timeout(req.timeout_s, settings))
+    [result] = await run_calls([call], executor)
     [item] = result.items
-    return render(request, item.outcome.to_dict())
+    return item.outcome.to_dict()

@@ -1,0 +1,197 @@
+"""Messages <-> the REST bodies: requests become the dict the pydantic models validate,
+response dicts become messages.
+
+Why through the REST body rather than a second set of validators: one validation, so a
+gRPC request is refused exactly when its JSON twin would be, at the same field path.
+
+Per-token inputs (``Float32Row``) become lists of floats; per-token outputs of the whole
+batch become one ``RaggedFloat32`` (dense, float32 little-endian) or ``RaggedRle``
+(float64 runs, bit for bit REST's rle) with rows in request order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from google.protobuf import json_format, struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from rewardd.advantages.errors import Loc, RequestInvalid, error
+from rewardd.service.grpc import rewardd_pb2 as pb
+
+MAX_EXACT_INT = 2 ** 53
+"""Whole-number doubles below this in a Struct read as ints (JSON cannot tell them apart
+either; above it a double no longer holds every integer)."""
+
+_STRUCT = struct_pb2.Struct.DESCRIPTOR
+_VALUE = struct_pb2.Value.DESCRIPTOR
+_ROW = pb.Float32Row.DESCRIPTOR
+_TOKEN_VALUES = pb.TokenValues.DESCRIPTOR
+PATH_FIELDS = {"VerifyRequest": ("verifier",)}
+"""Fields that are the REST path's parameters, not the body's."""
+
+
+def _plain(value: Any) -> Any:
+    """A Struct's value with whole-number doubles as ints."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < MAX_EXACT_INT else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _row(row: pb.Float32Row, loc: Loc) -> list[float]:
+    data = row.data_f32le
+    if len(data) % 4:
+        raise RequestInvalid([error(loc + ("data_f32le",), f"{len(data)} bytes is not a whole "
+                                    "number of float32 values (4 bytes each, little-endian)")])
+    return np.frombuffer(data, dtype="<f4").astype(np.float64).tolist()
+
+
+def to_body(message: Message, loc: Loc = ("body",)) -> dict[str, Any]:
+    """The REST body ``message`` stands for: set fields only (an unset optional is absent,
+    so the model's default or 'Field required' applies at the same path as REST)."""
+    skip = PATH_FIELDS.get(message.DESCRIPTOR.name, ())
+    out: dict[str, Any] = {}
+    for field, value in message.ListFields():
+        name = field.name
+        if name in skip:
+            continue
+        here = loc + (name,)
+        if field.message_type is None:
+            out[name] = list(value) if _is_repeated(field) else value
+        elif field.message_type.GetOptions().map_entry:
+            out[name] = dict(value)  # request maps hold scalars (weights)
+        elif field.message_type is _STRUCT:
+            out[name] = _plain(json_format.MessageToDict(value))
+        elif field.message_type is _ROW:
+            out[name] = _row(value, here)
+        elif _is_repeated(field):
+            out[name] = [to_body(item, here + (i,)) for i, item in enumerate(value)]
+        else:
+            out[name] = to_body(value, here)
+    return out
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    return field.is_repeated
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+def fill(message: Message, data: dict[str, Any]) -> Message:
+    """Set ``message``'s fields from a JSON-shaped dict (null: left unset); per-token lists
+    become Float32Row. Responses go through it, and a Python client can build a request
+    from a REST body with it. A key the message lacks raises KeyError (for a response, a
+    bug of the mirror: tests/grpc/test_mirror.py keeps the two in step)."""
+    fields = message.DESCRIPTOR.fields_by_name
+    for key, value in data.items():
+        if value is None:
+            continue
+        field = fields[key]
+        target = getattr(message, key) if field.message_type is not None else None
+        if field.message_type is None:
+            if _is_repeated(field):
+                getattr(message, key).extend(value)
+            else:
+                setattr(message, key, value)
+        elif field.message_type is _STRUCT:
+            target.update(value)
+        elif field.message_type is _ROW:  # a client's per-token list, packed
+            target.data_f32le = np.asarray(value, dtype="<f4").tobytes()
+        elif field.message_type is _VALUE:
+            json_format.ParseDict(value, target)
+        elif field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is None:
+                target.update({k: v for k, v in value.items() if v is not None})
+            else:
+                for k, v in value.items():
+                    fill(target[k], v)
+        elif _is_repeated(field):
+            for item in value:
+                fill(target.add(), item)
+        else:
+            fill(target, value)
+    return message
+
+
+def _json_shaped(payload: Any) -> Any:
+    """Enums, numpy values and dataclasses as JSON has them (what REST's render sends)."""
+    return orjson.loads(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def token_values(rows: list[Any]) -> pb.TokenValues | None:
+    """The per-rollout ``advantages`` (or ``returns``) of a response as one message: dense
+    arrays as RaggedFloat32, ``{"rle": [[v, n], ...]}`` as RaggedRle, floats as Scalars."""
+    present = [r for r in rows if r is not None]
+    if not present:
+        return None
+    first = present[0]
+    if isinstance(first, dict):
+        runs = [r["rle"] if r is not None else [] for r in rows]
+        offsets = np.zeros(len(runs) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in runs], out=offsets[1:])
+        flat = [run for row in runs for run in row]
+        return pb.TokenValues(rle=pb.RaggedRle(values=[v for v, _ in flat],
+                                               lengths=[n for _, n in flat],
+                                               row_offsets=offsets.tolist()))
+    if isinstance(first, (int, float)):
+        return pb.TokenValues(scalar=pb.Scalars(values=[0.0 if r is None else r for r in rows]))
+    arrays = [np.asarray(r if r is not None else (), dtype=np.float64) for r in rows]
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    data = np.concatenate(arrays).astype("<f4") if arrays else np.zeros(0, "<f4")
+    return pb.TokenValues(dense=pb.RaggedFloat32(data_f32le=data.tobytes(),
+                                                 row_offsets=offsets.tolist()))
+
+
+def score_response(payload: dict[str, Any]) -> pb.ScoreResponse:
+    """A /v1/score (rewards, advantages, job result) body as a ScoreResponse."""
+    advantages: list[Any] = []
+    returns: list[Any] = []
+    groups = []
+    for group in payload["groups"]:
+        rollouts = []
+        for rollout in group["rollouts"]:
+            advantages.append(rollout.get("advantages"))
+            returns.append(rollout.get("returns"))
+            rollouts.append({k: v for k, v in rollout.items()
+                             if k not in ("advantages", "returns")})
+        groups.append({**group, "rollouts": rollouts})
+    rest = _json_shaped({**payload, "groups": groups})
+    message = fill(pb.ScoreResponse(), rest)
+    for name, rows in (("advantages", advantages), ("returns", returns)):
+        values = token_values(rows)
+        if values is not None:
+            getattr(message, name).CopyFrom(values)
+    return message
+
+
+def message_of(cls: type[Message], payload: Any) -> Message:
+    """Any other response body (verify, catalogue, jobs) as ``cls``."""
+    return fill(cls(), _json_shaped(payload))
+
+
+def rows_of(values: pb.TokenValues) -> list[list[float]] | list[float]:
+    """The client-side inverse of :func:`token_values` (tests and the benchmark): dense rows
+    as float lists, rle rows decoded to dense, scalars as they are."""
+    kind = values.WhichOneof("values")
+    if kind == "dense":
+        data = np.frombuffer(values.dense.data_f32le, dtype="<f4")
+        off = values.dense.row_offsets
+        return [data[off[i]:off[i + 1]].tolist() for i in range(len(off) - 1)]
+    if kind == "rle":
+        rle, out = values.rle, []
+        for i in range(len(rle.row_offsets) - 1):
+            row: list[float] = []
+            for j in range(rle.row_offsets[i], rle.row_offsets[i + 1]):
+                row.extend([rle.values[j]] * rle.lengths[j])
+            out.append(row)
+        return out
+    return list(values.scalar.values)
+

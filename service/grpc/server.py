@@ -1,0 +1,47 @@
+"""The gRPC server inside the REST app's process: started and stopped by its lifespan, on
+the same event loop (``grpc.aio``), with health checking and server reflection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rewardd.service.grpc import rewardd_pb2 as pb
+from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
+from rewardd.service.grpc.servicer import RewarddServicer
+from rewardd.service.settings import Settings
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Rewardd"].full_name
+STOP_GRACE_S = 5.0
+
+
+async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
+    """Serve rewardd.v1.Rewardd on ``settings.host:settings.grpc_port`` (0: a free port);
+    (the server, the bound port). Messages up to REWARDD_MAX_BODY_BYTES are read (larger:
+    RESOURCE_EXHAUSTED from gRPC itself); answers are not capped, like REST's."""
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        ("grpc.max_send_message_length", -1),
+    ])
+    pb_grpc.add_RewarddServicer_to_server(RewarddServicer(state), server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    reflection.enable_server_reflection(
+        (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    if port == 0:
+        raise OSError(f"gRPC could not bind {settings.host}:{settings.grpc_port} "
+                      "(REWARDD_GRPC_PORT)")
+    await server.start()
+    for name in ("", SERVICE):
+        await checker.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+async def stop(server: grpc.aio.Server) -> None:
+    """Refuse new calls, let running ones finish for STOP_GRACE_S, then cancel them."""
+    await server.stop(STOP_GRACE_S)
