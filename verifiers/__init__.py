@@ -11,6 +11,7 @@ from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Samp
 from rewardd.verifiers.code import CodeVerifier
 from rewardd.verifiers.critique import CritiqueVerifier
 from rewardd.verifiers.judge.arena import ArenaVerifier
+from rewardd.verifiers.judge.continuation import ContinuationVerifier
 from rewardd.verifiers.judge.refusal_judge import RefusalJudgeVerifier
 from rewardd.verifiers.judge.reward_model import RewardModelVerifier
 from rewardd.verifiers.judge.rubric import RubricVerifier
@@ -23,7 +24,8 @@ REGISTRY: dict[str, Verifier] = {
     v.name: v for v in (MathVerifier(), CodeVerifier(), ExactMatchVerifier(), RegexVerifier(),
                         LengthVerifier(), RubricVerifier(), ArenaVerifier(),
                         RewardModelVerifier(), ToolCallVerifier(), JsonSchemaVerifier(),
-                        CritiqueVerifier(), RefusalVerifier(), RefusalJudgeVerifier())
+                        CritiqueVerifier(), RefusalVerifier(), RefusalJudgeVerifier(),
+                        ContinuationVerifier())
 }
 
 

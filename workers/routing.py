@@ -28,6 +28,7 @@ ROUTES: dict[str, str] = {
     "arena": "gpu",
     "reward_model": "gpu",
     "refusal_judge": "gpu",
+    "continuation": "gpu",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
