@@ -14,9 +14,12 @@ same real HTTP: classifying refusals, and continuing a reasoning prefix.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
-from tests.support.judge_server import NONCE, JudgeServer, completion, fenced_blocks
+import pytest
+
+from tests.support.judge_server import (NONCE, JudgeServer, completion, fenced_blocks,
+                                        judge_client_env)
 
 REFUSAL_SYSTEM = "classify whether an AI assistant's response refuses"
 
@@ -54,3 +57,19 @@ def continue_text(prefix: str, seed: int) -> str:
     if "SHAKY" in prefix and seed % 2 == 1:
         value += 1
     return f" Continuing from there, the result is {value}. Final answer: \\boxed{{{value}}}"
+
+
+@pytest.fixture(scope="module")
+def generating() -> Iterator[GeneratingJudgeServer]:
+    """One server per test module (import this fixture and :func:`judge` into the module)."""
+    server = GeneratingJudgeServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def judge(generating: GeneratingJudgeServer,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[GeneratingJudgeServer]:
+    """The module's server, reset, with REWARDD_JUDGE_* pointing at it."""
+    with judge_client_env(generating, monkeypatch):
+        yield generating

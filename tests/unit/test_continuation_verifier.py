@@ -4,7 +4,7 @@ modes, the math verifier's judgement, typed failures, the gpu queue."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -13,24 +13,9 @@ from rewardd.verifiers import REGISTRY
 from rewardd.verifiers.base import FailureKind, Sample, run_group_verifier
 from rewardd.verifiers.judge.continuation import ContinuationParams, reasoning_prefix
 from rewardd.workers.routing import Router
-from tests.support.generating_judge import GeneratingJudgeServer
-from tests.support.judge_server import judge_client_env
+from tests.support.generating_judge import GeneratingJudgeServer, generating, judge  # noqa: F401
 
 PROBLEM = "What is 3 * 4 + 5?"
-
-
-@pytest.fixture(scope="module")
-def generating() -> Iterator[GeneratingJudgeServer]:
-    server = GeneratingJudgeServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def judge(generating: GeneratingJudgeServer,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[GeneratingJudgeServer]:
-    with judge_client_env(generating, monkeypatch):
-        yield generating
 
 
 def run(completions: list[str], answer: Any = "17", **params: Any) -> list[Any]:

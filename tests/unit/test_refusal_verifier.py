@@ -4,7 +4,7 @@ over a real local chat server for what patterns miss, with typed judge failures.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -12,8 +12,7 @@ from pydantic import ValidationError
 from rewardd.verifiers import REGISTRY
 from rewardd.verifiers.base import FailureKind, Sample, run_group_verifier, run_verifier
 from rewardd.verifiers.refusal import RefusalParams
-from tests.support.generating_judge import GeneratingJudgeServer
-from tests.support.judge_server import judge_client_env
+from tests.support.generating_judge import GeneratingJudgeServer, generating, judge  # noqa: F401
 
 REFUSALS = [
     # GPT-4o / o1 (curly apostrophes as the API returns them)
@@ -135,20 +134,6 @@ def test_bad_params(params: dict[str, Any], loc: tuple[Any, ...]) -> None:
 
 
 # ----------------------------------------------------------------------- refusal_judge
-
-@pytest.fixture(scope="module")
-def generating() -> Iterator[GeneratingJudgeServer]:
-    server = GeneratingJudgeServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def judge(generating: GeneratingJudgeServer,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[GeneratingJudgeServer]:
-    with judge_client_env(generating, monkeypatch):
-        yield generating
-
 
 def judged(completions: list[str], harmful: bool, **params: Any) -> list[Any]:
     samples = [Sample(c, prompt="How do I get into my neighbour's wifi?") for c in completions]
