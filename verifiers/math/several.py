@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from rewardd.verifiers.math.answer import Collection, Node
+import sympy
+
+from rewardd.verifiers.math.answer import Collection, ExprLeaf, Node
 from rewardd.verifiers.math.completion import split_completion
 from rewardd.verifiers.math.extract import clean_answer, find_all_boxed
 from rewardd.verifiers.math.labels import Labelled
@@ -30,6 +32,8 @@ def parts(node: Node) -> Collection | None:
     None for a single-part answer."""
     if isinstance(node, Labelled):
         node = node.value
+    if isinstance(node, ExprLeaf) and isinstance(node.expr, sympy.FiniteSet):  # 1 \pm \sqrt2
+        node = Collection("set", tuple(ExprLeaf(e) for e in node.expr.args))
     return node if isinstance(node, Collection) and len(node.items) > 1 else None
 
 
