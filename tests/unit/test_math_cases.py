@@ -22,6 +22,11 @@ CASES_PATH = Path(__file__).resolve().parents[1] / "data" / "math_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
 HELDOUT_PATH = CASES_PATH.with_name("math_heldout.jsonl")
 HELDOUT = [json.loads(line) for line in HELDOUT_PATH.read_text().splitlines() if line.strip()]
+REAL_COMPARE_PATH = CASES_PATH.with_name("math_real_compare.jsonl")
+REAL_COMPARE = [json.loads(line) for line in REAL_COMPARE_PATH.read_text().splitlines()
+                if line.strip()]
+"""Issue 17 classes 3, 4, 8, 9 (several boxes, labels, matrices, false positives), written
+from MATH, NuminaMath, AIME and OpenR1 output formats."""
 MATH = MathVerifier()
 
 REQUIRED_CLASSES = {
@@ -42,7 +47,17 @@ def test_the_set_is_large_and_covers_every_class():
     assert all(not c["expected"] for c in CASES if c["class"] == "known_false_positive")
 
 
-@pytest.mark.parametrize("case", CASES + HELDOUT, ids=[c["id"] for c in CASES + HELDOUT])
+def test_the_real_comparison_set_covers_its_classes_without_clashing_ids():
+    counts = Counter(c["class"] for c in REAL_COMPARE)
+    assert len(REAL_COMPARE) >= 120
+    assert all(counts[name] >= 20 for name in
+               ("several_boxes", "labelled", "matrix_format", "false_positive")), counts
+    ids = [c["id"] for c in CASES + HELDOUT + REAL_COMPARE]
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("case", CASES + HELDOUT + REAL_COMPARE,
+                         ids=[c["id"] for c in CASES + HELDOUT + REAL_COMPARE])
 def test_case(case):
     outcome = run_verifier(MATH, Sample(case["prediction"]), {"answer": case["reference"]},
                            case.get("params", {}))
