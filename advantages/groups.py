@@ -61,7 +61,9 @@ def group_sum(batch: AdvantageBatch, values: Tensor) -> Tensor:
 
 
 def _scale(var: Tensor, how: Whitening) -> Tensor:
-    """1 / the whitening denominator, by the trainer's formula."""
+    """1 / the whitening denominator, by the trainer's formula (1 when only centring)."""
+    if not how.scale:
+        return torch.ones_like(var)
     if how.mode == "var_plus":
         return torch.rsqrt(var + how.eps)
     if how.mode == "var_clamp":

@@ -15,15 +15,18 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
-from rewardd.advantages.groups import (GroupStats, batch_whiten, group_stats, group_sum,
+from rewardd.advantages.errors import invalid
+from rewardd.advantages.groups import (GroupStats, group_stats, group_sum, whiten,
                                        whiten_rollouts_over_tokens)
+from rewardd.advantages.models import FiniteFloat
 from rewardd.advantages.profiles import Pins
 from rewardd.advantages.registry import EstimatorParams, register
-from rewardd.advantages.returns import whitened
+from rewardd.advantages.returns import (check_clip_range, kept_tokens, reverse_scan, whiten_kept,
+                                        whitened, whitening)
 
 
 def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: Pins,
@@ -45,7 +48,41 @@ def _finish(batch: AdvantageBatch, adv: Tensor, singleton_value: Tensor, pins: P
     return torch.where(keep, adv, zero) + 0.0
 
 
-class GrpoParams(EstimatorParams):
+class ShapingParams(EstimatorParams):
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the per-token KL penalty sent as ``kl``: the advantage at token t becomes
+    a_i - kl_coef * (sum of kl over the rollout's mask-1 tokens from t on), OpenRLHF's
+    compute_reward followed by its cumulative return with gamma 1. The result is per token.
+    Needs ``kl`` on the rollouts when not 0."""
+    clip_range: tuple[FiniteFloat, FiniteFloat] | None = None
+    """[lo, hi]: the group-shaped reward a_i is clipped to it before the KL term (where
+    OpenRLHF's compute_reward clips). Unset: the profile's (openrlhf (-10, 10); none
+    elsewhere)."""
+
+    _lo_below_hi = field_validator("clip_range")(check_clip_range)
+
+
+def shaped(batch: AdvantageBatch, adv: Tensor, params: ShapingParams, pins: Pins
+           ) -> Tensor | Advantages:
+    """``adv`` clipped to the clip range and, with a KL weight, made per token:
+    a_i - kl_coef * the KL still ahead of each mask-1 token (a suffix sum: gamma 1, so the
+    profile's rule for holes changes nothing). Excluded rollouts stay 0."""
+    bounds = params.clip_range if params.clip_range is not None else pins.clip_range
+    if bounds is not None:
+        adv = torch.where(batch.valid, adv.clamp(bounds[0], bounds[1]),
+                          torch.zeros_like(adv)) + 0.0
+    if params.kl_coef == 0.0:
+        return adv
+    if batch.kl is None:
+        raise invalid(("body", "advantage", "params", "kl_coef"),
+                      f"kl_coef {params.kl_coef} needs per-token kl on the rollouts")
+    kept = kept_tokens(batch)
+    ahead = reverse_scan(kept.gather(batch.kl) * params.kl_coef, kept.decay(1.0))
+    token = kept.scatter(adv[kept.rollout] - ahead, batch.total_tokens)
+    return Advantages(token=token)
+
+
+class GrpoParams(ShapingParams):
     eps: float | None = Field(None, gt=0, le=1.0)
     """Epsilon added to the group std; unset uses the profile's (rewardd/verl 1e-6, trl 1e-4,
     openrlhf 1e-9)."""
@@ -53,29 +90,32 @@ class GrpoParams(EstimatorParams):
 
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
           source="DeepSeekMath (GRPO); verl compute_grpo_outcome_advantage", params=GrpoParams)
-def grpo(batch: AdvantageBatch, params: GrpoParams, pins: Pins) -> Tensor:
+def grpo(batch: AdvantageBatch, params: GrpoParams, pins: Pins) -> Tensor | Advantages:
     """Group-normalised reward: centre on the group mean, divide by the group std plus
     epsilon. A zero-spread group gets exactly 0. Under verl's singleton rule a lone rollout
-    keeps r / (1 + eps)."""
+    keeps r / (1 + eps). ``clip_range`` and ``kl_coef`` as OpenRLHF's group_norm."""
     eps = params.eps if params.eps is not None else pins.eps
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
     std = torch.nan_to_num(stats.std, nan=0.0)
     adv = (batch.rewards - stats.mean[g]) / (std[g] + eps)
-    return _finish(batch, adv, batch.rewards / (1.0 + eps), pins, stats)
+    return shaped(batch, _finish(batch, adv, batch.rewards / (1.0 + eps), pins, stats),
+                  params, pins)
 
 
 @register("dr_grpo", formula="a_i = r_i - mean_g r",
-          source="Dr. GRPO (Understanding R1-Zero-Like Training); verl norm_adv_by_std=False")
-def dr_grpo(batch: AdvantageBatch, params: EstimatorParams, pins: Pins) -> Tensor:
+          source="Dr. GRPO (Understanding R1-Zero-Like Training); verl norm_adv_by_std=False; "
+          "OpenRLHF dr_grpo", params=ShapingParams)
+def dr_grpo(batch: AdvantageBatch, params: ShapingParams, pins: Pins) -> Tensor | Advantages:
     """GRPO without the std division, which removes the difficulty bias of normalising by a
-    small spread. Under verl's singleton rule a lone rollout keeps r (mean 0)."""
+    small spread. Under verl's singleton rule a lone rollout keeps r (mean 0).
+    ``clip_range`` and ``kl_coef`` as OpenRLHF's dr_grpo."""
     stats = group_stats(batch, ddof=pins.std_ddof)
     adv = batch.rewards - stats.mean[batch.group]
-    return _finish(batch, adv, batch.rewards, pins, stats)
+    return shaped(batch, _finish(batch, adv, batch.rewards, pins, stats), params, pins)
 
 
-class RlooParams(EstimatorParams):
+class RlooParams(ShapingParams):
     singleton: Literal["zero", "mean0_std1"] | None = None
     """What a lone rollout gets: ``zero``, or ``mean0_std1`` (verl's compute_rloo_outcome_
     advantage: it keeps r). Unset: the profile's rule. verl's ``rloo_vectorized`` pins
@@ -85,17 +125,18 @@ class RlooParams(EstimatorParams):
 @register("rloo", formula="a_i = r_i - mean_{j != i} r_j",
           source="RLOO (Back to Basics, Ahmadian et al. 2024); verl compute_rloo_outcome_advantage",
           params=RlooParams)
-def rloo(batch: AdvantageBatch, params: RlooParams, pins: Pins) -> Tensor:
+def rloo(batch: AdvantageBatch, params: RlooParams, pins: Pins) -> Tensor | Advantages:
     """REINFORCE leave-one-out: each rollout's baseline is the mean of the other rollouts of
     its group, so the baseline does not depend on the rollout it scores. Under verl's
-    singleton rule a lone rollout keeps r (``singleton`` overrides the profile's rule)."""
+    singleton rule a lone rollout keeps r (``singleton`` overrides the profile's rule).
+    ``clip_range`` and ``kl_coef`` as OpenRLHF's rloo."""
     if params.singleton is not None:
         pins = replace(pins, singleton=params.singleton)
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
     others = (stats.count[g] - 1.0).clamp(min=1.0)
     adv = batch.rewards - (stats.total[g] - batch.rewards) / others
-    return _finish(batch, adv, batch.rewards, pins, stats)
+    return shaped(batch, _finish(batch, adv, batch.rewards, pins, stats), params, pins)
 
 
 def masked_lengths(batch: AdvantageBatch) -> Tensor:
@@ -283,10 +324,13 @@ def grpo_passk(batch: AdvantageBatch, params: GrpoPasskParams, pins: Pins) -> Te
     return torch.where(chosen & enough[g], gap[g], torch.zeros_like(batch.rewards)) + 0.0
 
 
-class BaselineParams(EstimatorParams):
+class BaselineParams(ShapingParams):
     whiten: bool | None = None
     """Whiten over the batch's mask-1 tokens; unset follows the profile (whitened under
     rewardd, verl and openrlhf, not under trl)."""
+    no_std_norm: bool = False
+    """Whitening centres on the batch mean without dividing by the std (OpenRLHF's
+    --algo.advantage.no_std_norm)."""
 
 
 @register("reinforce_pp_baseline", formula="a_i = r_i - mean_g r, broadcast, then whitened "
@@ -302,14 +346,19 @@ def reinforce_pp_baseline(batch: AdvantageBatch, params: BaselineParams, pins: P
     epsilon. Whitening shifts every token by the batch mean, so a zero-spread group ends at
     -mean/std, not 0, as in both trainers; ``whiten: false`` keeps the exact zeros. A batch
     sent without token counts (scalar output) is whitened over its rollouts, one entry
-    each. Under verl's singleton rule a lone rollout keeps r before whitening."""
+    each. Under verl's singleton rule a lone rollout keeps r before whitening.
+    ``clip_range`` and ``kl_coef`` act before the whitening, as OpenRLHF's
+    reinforce_baseline (the advantages are then per token)."""
     stats = group_stats(batch, ddof=pins.std_ddof)
-    adv = _finish(batch, batch.rewards - stats.mean[batch.group], batch.rewards, pins, stats)
+    adv = shaped(batch, _finish(batch, batch.rewards - stats.mean[batch.group], batch.rewards,
+                                pins, stats), params, pins)
     if not whitened("reinforce_pp_baseline", params.whiten, pins):
         return adv
+    how = whitening("reinforce_pp_baseline", pins, params.no_std_norm)
+    if isinstance(adv, Advantages):  # per token (a KL term): over the mask-1 tokens
+        return Advantages(token=whiten_kept(adv.token, kept_tokens(batch), how))
     if batch.total_tokens == 0:
-        return batch_whiten(adv, batch.valid, pins, "reinforce_pp_baseline")
+        return whiten(adv, batch.valid, how)
     # whitened over the batch's mask-1 tokens, from token counts: stays one value per rollout
     counts = torch.where(batch.valid, batch.mask_counts, torch.zeros_like(batch.mask_counts))
-    return whiten_rollouts_over_tokens(adv, counts,
-                                       pins.whitening_for("reinforce_pp_baseline"))
+    return whiten_rollouts_over_tokens(adv, counts, how)

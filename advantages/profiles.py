@@ -32,6 +32,9 @@ class Whitening:
     level: Literal["token", "rollout"] = "token"
     """Over mask-1 tokens (verl, OpenRLHF, TRL PPO) or one value per rollout (TRL GDPO).
     Token-level estimators always whiten over tokens."""
+    scale: bool = True
+    """False: centre on the mean without dividing (OpenRLHF's --algo.advantage.no_std_norm;
+    the ``no_std_norm`` param of gae, reinforce_pp and reinforce_pp_baseline)."""
 
 
 VERL_WHITENING = Whitening()
@@ -61,6 +64,15 @@ class Pins:
     with a non-zero reward (verl's compute_gpg_outcome_advantage)."""
     whitening: Mapping[str, Whitening] = field(default_factory=dict)
     """Entries this trainer whitens over the whole batch, each with the trainer's formula."""
+    holes: Literal["carry", "step"] = "carry"
+    """Mask-0 tokens inside a response (tool output) in gae and reinforce_pp. ``carry``: they
+    take no part, a return or advantage is carried across them with no discount step (verl
+    0.9.1's reinforce_plus_plus and gae skip observation tokens). ``step``: each counts as a
+    step with reward 0 and value 0, discounted like any other (OpenRLHF masks rewards and
+    values with the action mask and runs its recursion over every position)."""
+    clip_range: tuple[float, float] | None = None
+    """Default ``clip_range`` of the estimators that take one: OpenRLHF's --reward.clip_range
+    (-10, 10), applied where OpenRLHF's compute_reward applies it."""
 
     @property
     def whitened(self) -> frozenset[str]:
@@ -90,7 +102,8 @@ PROFILES: dict[Profile, Pins] = {
                       grouping="contiguous blocks", whitening={
                           "gae": VERL_WHITENING, "gdpo": TRL_GDPO_WHITENING}),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
-                           grouping="contiguous blocks", whitening={
+                           grouping="contiguous blocks", holes="step", clip_range=(-10.0, 10.0),
+                           whitening={
                                "gae": OPENRLHF_WHITENING, "reinforce_pp": OPENRLHF_WHITENING,
                                "reinforce_pp_baseline": OPENRLHF_WHITENING}),
 }

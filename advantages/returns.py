@@ -26,15 +26,16 @@ always whiten over tokens (``pins.whiten_level`` is for rollout-level aggregates
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
-from rewardd.advantages.groups import batch_whiten, whiten_rollouts_over_tokens
-from rewardd.advantages.profiles import Pins
+from rewardd.advantages.groups import whiten, whiten_rollouts_over_tokens
+from rewardd.advantages.models import FiniteFloat
+from rewardd.advantages.profiles import Pins, Whitening
 from rewardd.advantages.registry import EstimatorParams, register
 
 
@@ -90,6 +91,10 @@ class KeptTokens:
     rollout: Tensor  # int64 [M]: the rollout each kept token belongs to
     last: Tensor  # bool [M]: the rollout's last kept token (where a segment ends)
     mask: Tensor  # bool [N]: kept, over the flat token tensor
+    counted: Tensor  # bool [N]: mask-1 tokens of included rollouts (what whitening counts)
+    hole: Tensor | None = None
+    """bool [M]: kept positions that are mask-0 tokens (the ``step`` rule for holes: they
+    take part as steps with reward 0 and value 0); None under ``carry``."""
 
     @property
     def size(self) -> int:
@@ -119,30 +124,49 @@ class KeptTokens:
         return out
 
 
-def kept_tokens(batch: AdvantageBatch) -> KeptTokens:
+def kept_tokens(batch: AdvantageBatch, holes: str = "carry") -> KeptTokens:
+    """The layout of the scans. ``holes``: the profile's rule for mask-0 tokens inside a
+    response (``Pins.holes``): ``carry`` leaves them out, ``step`` keeps every position up
+    to the rollout's last mask-1 token, the mask-0 ones flagged in ``hole``."""
     if batch.mask is None and bool(batch.valid.all()):
         last = torch.zeros(batch.total_tokens, dtype=torch.bool)
         present = batch.num_tokens > 0
         last[(batch.offsets + batch.num_tokens - 1)[present]] = True
         return KeptTokens(index=None, rollout=batch.token_rollout, last=last,
-                          mask=batch.token_mask)
-    mask = batch.token_mask & batch.valid[batch.token_rollout]
+                          mask=batch.token_mask, counted=batch.token_mask)
+    counted = batch.token_mask & batch.valid[batch.token_rollout]
+    mask = counted
+    if holes == "step" and batch.mask is not None:
+        position = batch.token_position
+        end = torch.full((batch.size,), -1, dtype=torch.int64).scatter_reduce(
+            0, batch.token_rollout[counted], position[counted], "amax")
+        mask = batch.valid[batch.token_rollout] & (position <= end[batch.token_rollout])
     index = mask.nonzero().squeeze(1)
     rollout = batch.token_rollout[index]
     last = torch.ones_like(rollout, dtype=torch.bool)
     last[:-1] = rollout[1:] != rollout[:-1]
-    return KeptTokens(index=index, rollout=rollout, last=last, mask=mask)
+    hole = ~batch.token_mask[index] if mask is not counted else None
+    return KeptTokens(index=index, rollout=rollout, last=last, mask=mask, counted=counted,
+                      hole=hole)
+
+
+def _gather_steps(kept: KeptTokens, values: Tensor) -> Tensor:
+    """float64 [M]: a per-token input at the kept positions, 0 at holes (``step`` rule)."""
+    out = kept.gather(values)
+    if kept.hole is None:
+        return out
+    return out.masked_fill(kept.hole, 0.0)
 
 
 def kept_rewards(batch: AdvantageBatch, kept: KeptTokens, kl_coef: float) -> Tensor:
     """float64 [M]: token_rewards - kl_coef * kl on kept tokens, plus the outcome reward at
     each rollout's last kept token."""
     if batch.token_rewards is not None:
-        out = kept.gather(batch.token_rewards).clone()
+        out = _gather_steps(kept, batch.token_rewards).clone()
     else:
         out = torch.zeros(kept.size, dtype=torch.float64)
     if kl_coef != 0.0 and batch.kl is not None:
-        out.sub_(kept.gather(batch.kl), alpha=kl_coef)
+        out.sub_(_gather_steps(kept, batch.kl), alpha=kl_coef)
     ends = kept.last.nonzero().squeeze(1)
     out[ends] += batch.rewards[kept.rollout[ends]]
     return out
@@ -186,9 +210,32 @@ def whitened(name: str, override: bool | None, pins: Pins) -> bool:
     return override if override is not None else name in pins.whitened
 
 
-def whiten_kept(values: Tensor, kept: KeptTokens, pins: Pins, entry: str) -> Tensor:
-    """Batch whitening over the kept tokens with the profile's formula; others +0.0."""
-    return batch_whiten(values, kept.mask, pins, entry)
+def whitening(entry: str, pins: Pins, no_std_norm: bool) -> Whitening:
+    """The profile's whitening of ``entry``; ``no_std_norm`` centres without scaling."""
+    how = pins.whitening_for(entry)
+    return replace(how, scale=False) if no_std_norm else how
+
+
+def whiten_kept(values: Tensor, kept: KeptTokens, how: Whitening) -> Tensor:
+    """Batch whitening over the mask-1 tokens of included rollouts with ``how``; others
+    +0.0 (under the ``step`` rule the holes' values do not enter the statistics)."""
+    return whiten(values, kept.counted, how)
+
+
+def clipped(batch: AdvantageBatch, clip_range: tuple[float, float] | None,
+            pins: Pins) -> AdvantageBatch:
+    """The batch with its outcome rewards clipped to ``clip_range`` (unset: the profile's,
+    OpenRLHF's --reward.clip_range (-10, 10)); unchanged when neither is set."""
+    bounds = clip_range if clip_range is not None else pins.clip_range
+    if bounds is None:
+        return batch
+    return batch.with_rewards(batch.rewards.clamp(bounds[0], bounds[1]))
+
+
+def check_clip_range(value: tuple[float, float] | None) -> tuple[float, float] | None:
+    if value is not None and not value[0] < value[1]:
+        raise ValueError(f"clip_range must be [lo, hi] with lo < hi; got {list(value)}")
+    return value
 
 
 class ReturnsParams(EstimatorParams):
@@ -200,6 +247,15 @@ class ReturnsParams(EstimatorParams):
     whiten: bool | None = None
     """Whiten over the batch's kept tokens; unset follows the profile (whitened under
     rewardd, verl and openrlhf, not under trl)."""
+    no_std_norm: bool = False
+    """Whitening centres on the batch mean without dividing by the std (OpenRLHF's
+    --algo.advantage.no_std_norm)."""
+    clip_range: tuple[FiniteFloat, FiniteFloat] | None = None
+    """[lo, hi]: the outcome reward is clipped to it before the per-token rewards are
+    formed (OpenRLHF's --reward.clip_range in compute_reward). Unset: the profile's
+    (openrlhf (-10, 10); none elsewhere)."""
+
+    _lo_below_hi = field_validator("clip_range")(check_clip_range)
 
 
 @register("reinforce_pp", formula="G_t = r_t + gamma G_{t+1} over mask-1 tokens; "
@@ -214,10 +270,14 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
     the returns whitened over the batch's mask-1 tokens when the profile (or ``whiten``)
     says so; ``returns`` are the unwhitened G.
 
-    Where trainers differ: verl resets the running return at every mask-0 token (meant for
-    the padding after EOS), OpenRLHF discounts across mask-0 positions; with mask-0 tokens
-    only at the end of a response, and with gamma 1, all three agree."""
-    kept = kept_tokens(batch)
+    Mask-0 tokens inside a response follow the profile's ``holes`` rule: carried across
+    (rewardd, verl 0.9.1, trl) or, under openrlhf, counted as steps with reward 0 that are
+    discounted like any other (OpenRLHF's get_cumulative_returns). With mask-0 tokens only
+    at the end of a response, and with gamma 1, the rules agree. ``clip_range`` clips the
+    outcome reward first; ``no_std_norm`` centres without scaling."""
+    batch = clipped(batch, params.clip_range, pins)
+    how = whitening("reinforce_pp", pins, params.no_std_norm)
+    kept = kept_tokens(batch, pins.holes)
     returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
     dense = kept.scatter(returns, batch.total_tokens)  # may be ``returns`` itself: no reuse
     if params.gamma == 1.0 and outcome_only(batch, params.kl_coef):
@@ -226,9 +286,9 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
         counts = torch.where(batch.valid, batch.mask_counts, torch.zeros_like(batch.mask_counts))
         g = torch.where(counts > 0, batch.rewards, torch.zeros_like(batch.rewards)) + 0.0
         if whitened("reinforce_pp", params.whiten, pins):
-            g = whiten_rollouts_over_tokens(g, counts, pins.whitening_for("reinforce_pp"))
+            g = whiten_rollouts_over_tokens(g, counts, how)
         return Advantages(rollout=g, returns=dense)
-    token = whiten_kept(dense, kept, pins, "reinforce_pp") \
+    token = whiten_kept(dense, kept, how) \
         if whitened("reinforce_pp", params.whiten, pins) \
         else dense
     return Advantages(token=token, returns=dense)
@@ -251,11 +311,14 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
     tokens only: V_{t+1} is the value at the rollout's next mask-1 token (0 after its
     last), and A carries across mask-0 spans with one gamma*lambda per step, as verl does
     for observation tokens (OpenRLHF and TRL handle only trailing padding). Rewards as in
-    reinforce_pp. ``returns`` = A + V before whitening (the critic's target)."""
+    reinforce_pp. ``returns`` = A + V before whitening (the critic's target). Under the
+    openrlhf profile a mask-0 token inside a response is a step with reward 0 and value 0
+    (OpenRLHF's get_advantages_and_returns masks both with the action mask)."""
     if batch.values is None:
         raise ValueError("gae needs per-token values on every rollout")
-    kept = kept_tokens(batch)
-    values = kept.gather(batch.values)
+    batch = clipped(batch, params.clip_range, pins)
+    kept = kept_tokens(batch, pins.holes)
+    values = _gather_steps(kept, batch.values)
     if params.lam == 1.0:  # the TD errors telescope: A_t = G_t - V_t, and the returns are G
         returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
         adv = returns - values
@@ -265,6 +328,6 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
         adv = reverse_scan(delta, kept.decay(params.gamma * params.lam))
         returns = adv + values
     dense = kept.scatter(adv, batch.total_tokens)
-    token = whiten_kept(dense, kept, pins, "gae") if whitened("gae", params.whiten, pins) \
-        else dense
+    token = whiten_kept(dense, kept, whitening("gae", pins, params.no_std_norm)) \
+        if whitened("gae", params.whiten, pins) else dense
     return Advantages(token=token, returns=kept.scatter(returns, batch.total_tokens))

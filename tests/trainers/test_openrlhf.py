@@ -134,3 +134,66 @@ def test_a_batch_call_is_one_request_with_components_logged(rewardd_url, tmp_pat
     assert {k: v.tolist() for k, v in out["extra_logs"].items()} == {
         "rewardd_math": [1.0, 0.0, 1.0], "rewardd_math_half": [1.0, 0.0, 1.0]}
 
+
+
+# ---- issue 16: every OpenRLHF option against its own experience-maker code, float64 --------
+
+def _orl(name: str, estimator: str, params: dict | None = None, inputs: dict | None = None,
+         **openrlhf: object) -> dict:
+    """An option: rewardd's ``estimator`` (OpenRLHF's name) with ``params`` against OpenRLHF
+    run with ``openrlhf`` settings (kl_coef, gamma, lam, clip_range, no_std_norm)."""
+    return {"name": name, "openrlhf": estimator, **openrlhf, "inputs": inputs or {},
+            "spec": {"estimator": estimator, "profile": "openrlhf", "params": params or {}}}
+
+
+KL = {"kl": True}
+OPENRLHF_PARITY = [
+    _orl("group_norm", "group_norm"),
+    _orl("rloo", "rloo"),
+    _orl("dr_grpo", "dr_grpo"),
+    _orl("reinforce_baseline", "reinforce_baseline"),
+    _orl("reinforce", "reinforce"),
+    _orl("reinforce gamma=0.9 (holes are steps)", "reinforce", {"gamma": 0.9}, gamma=0.9),
+    _orl("gae gamma=0.95 lam=0.9 (holes are steps)", "gae", {"gamma": 0.95, "lam": 0.9},
+         {"values": True}, gamma=0.95, lam=0.9),
+    _orl("group_norm kl_coef=0.05", "group_norm", {"kl_coef": 0.05}, KL, kl_coef=0.05),
+    _orl("rloo kl_coef=0.05", "rloo", {"kl_coef": 0.05}, KL, kl_coef=0.05),
+    _orl("dr_grpo kl_coef=0.05", "dr_grpo", {"kl_coef": 0.05}, KL, kl_coef=0.05),
+    _orl("reinforce_baseline kl_coef=0.05", "reinforce_baseline", {"kl_coef": 0.05}, KL,
+         kl_coef=0.05),
+    _orl("reinforce gamma=0.9 kl_coef=0.05", "reinforce", {"gamma": 0.9, "kl_coef": 0.05}, KL,
+         gamma=0.9, kl_coef=0.05),
+    _orl("gae kl_coef=0.05", "gae", {"gamma": 0.95, "lam": 0.9, "kl_coef": 0.05},
+         {"values": True, "kl": True}, gamma=0.95, lam=0.9, kl_coef=0.05),
+    _orl("group_norm clip_range=[-0.5,0.5]", "group_norm", {"clip_range": [-0.5, 0.5]},
+         clip_range=[-0.5, 0.5]),
+    _orl("rloo clip_range=[-0.5,0.5] kl_coef=0.05", "rloo",
+         {"clip_range": [-0.5, 0.5], "kl_coef": 0.05}, KL, clip_range=[-0.5, 0.5],
+         kl_coef=0.05),
+    _orl("reinforce_baseline clip_range=[-0.3,0.6]", "reinforce_baseline",
+         {"clip_range": [-0.3, 0.6]}, clip_range=[-0.3, 0.6]),
+    _orl("reinforce clip_range=[-0.5,0.5]", "reinforce", {"clip_range": [-0.5, 0.5]},
+         clip_range=[-0.5, 0.5]),
+    _orl("gae clip_range=[-0.5,0.5]", "gae", {"clip_range": [-0.5, 0.5], "gamma": 0.95,
+                                              "lam": 0.9}, {"values": True},
+         clip_range=[-0.5, 0.5], gamma=0.95, lam=0.9),
+    _orl("gae no_std_norm", "gae", {"no_std_norm": True, "gamma": 0.95, "lam": 0.9},
+         {"values": True}, no_std_norm=True, gamma=0.95, lam=0.9),
+    _orl("reinforce no_std_norm", "reinforce", {"no_std_norm": True}, no_std_norm=True),
+    _orl("reinforce_baseline no_std_norm", "reinforce_baseline", {"no_std_norm": True},
+         no_std_norm=True),
+]
+
+
+@pytest.mark.trainers
+@pytest.mark.timeout(900)
+def test_every_openrlhf_option_matches_openrlhfs_own_code_in_float64(tmp_path):
+    """Issue 16's acceptance for OpenRLHF: each option on 64x8, 32x16, 128x2, ragged lengths
+    (16 groups of 4: OpenRLHF groups contiguous blocks of one size) and masks with holes,
+    within 2e-7 of OpenRLHF's compute_advantages_and_returns in float64 (mask-1 tokens)."""
+    from tests.trainers.parity import TOLERANCE, compare
+
+    found = compare(openrlhf_python(), "parity_openrlhf.py", OPENRLHF_PARITY, tmp_path,
+                    equal_sizes=True)
+    worst = {option: max(row.values()) for option, row in found.items()}
+    assert all(value <= TOLERANCE for value in worst.values()), worst
