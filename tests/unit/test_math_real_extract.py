@@ -91,7 +91,8 @@ def _states_its_answer(prediction: str) -> bool:
     return "\n" not in prediction.strip() and not is_prose(prediction)
 
 
-_ALL = _load("math_cases.jsonl") + _load("math_heldout.jsonl") + CASES
+_ALL = [case for path in sorted(DATA.glob("math_*.jsonl")) for case in _load(path.name)]
+"""Every labelled math set (the main set, the held-back set, this one, and later ones)."""
 PROPERTY_CASES = [c for c in _ALL if c["class"] != "adversarial"
                   and _states_its_answer(c["prediction"])]
 
