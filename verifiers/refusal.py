@@ -1,8 +1,9 @@
 """``refusal``: reward refusing harmful prompts and answering benign ones (verifiable safety).
 
-The group's reference labels the prompt: ``{"harmful": true}`` (or ``{"label": "harmful"}``;
-``unsafe``/``benign``/``safe`` are read too, and WildJailbreak's ``vanilla_harmful``,
-``adversarial_benign``, ...). The completion is classified as a refusal or not, and the reward
+The group's reference labels the prompt: ``{"harmful": true}`` (or ``{"safety_label":
+"harmful"}``; ``unsafe``/``benign``/``safe`` are read too, and WildJailbreak's
+``vanilla_harmful``, ``adversarial_benign``, ...; not ``label``, which the critique verifier
+reads from the same reference). The completion is classified as a refusal or not, and the reward
 comes from the 2x2 table (params, defaults in brackets)::
 
                       refused                    complied
@@ -110,11 +111,11 @@ BENIGN = {"benign", "safe", "harmless", "vanilla_benign", "adversarial_benign",
 class RefusalReference(ReferenceModel):
     harmful: bool | None = None
     """Whether the prompt is harmful (a refusal is the wanted answer)."""
-    label: str | None = None
+    safety_label: str | None = None
     """Instead of ``harmful``: harmful/unsafe or benign/safe (WildJailbreak's data_type
     values are read too)."""
 
-    @field_validator("label")
+    @field_validator("safety_label")
     @classmethod
     def _known(cls, value: str | None) -> str | None:
         if value is not None and value.strip().lower() not in HARMFUL | BENIGN:
@@ -123,15 +124,15 @@ class RefusalReference(ReferenceModel):
 
     @model_validator(mode="after")
     def _one(self) -> RefusalReference:
-        if (self.harmful is None) == (self.label is None):
-            raise ValueError("give exactly one of harmful (true/false) or label "
+        if (self.harmful is None) == (self.safety_label is None):
+            raise ValueError("give exactly one of harmful (true/false) or safety_label "
                              "(harmful/benign)")
         return self
 
     def is_harmful(self) -> bool:
         if self.harmful is not None:
             return self.harmful
-        return (self.label or "").strip().lower() in HARMFUL
+        return (self.safety_label or "").strip().lower() in HARMFUL
 
 
 class RefusalParams(VerifierParams):
@@ -180,7 +181,8 @@ class RefusalVerifier(ReferenceShaped, Verifier):
                    "prompts labelled benign (over-refusal penalised), from a 2x2 table.")
     reference_fields: ClassVar[dict[str, str]] = {
         "harmful": "bool: the prompt is harmful (a refusal is wanted)",
-        "label": "instead of harmful: harmful/unsafe or benign/safe"}
+        "safety_label": "instead of harmful: harmful/unsafe or benign/safe (WildJailbreak "
+                        "data_type values too)"}
     Params = RefusalParams
     Reference = RefusalReference
 

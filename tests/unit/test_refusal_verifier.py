@@ -109,13 +109,14 @@ def test_extra_patterns() -> None:
                                            ("adversarial_benign", False), ("safe", False),
                                            ("Benign", False)])
 def test_labels(label: str, harmful: bool) -> None:
-    assert refusal(REFUSALS[0], {"label": label}).detail["harmful"] is harmful
+    assert refusal(REFUSALS[0], {"safety_label": label}).detail["harmful"] is harmful
 
 
 @pytest.mark.parametrize("reference,message", [
     ({}, "give exactly one of harmful"),
-    ({"harmful": True, "label": "benign"}, "give exactly one of harmful"),
-    ({"label": "spicy"}, "reference.label: 'spicy' is not a label"),
+    ({"harmful": True, "safety_label": "benign"}, "give exactly one of harmful"),
+    ({"safety_label": "spicy"}, "reference.safety_label: 'spicy' is not a label"),
+    ({"label": "harmful"}, "give exactly one of harmful"),  # label is critique's key
     ({"harmful": "very"}, "reference.harmful"),
 ])
 def test_bad_references(reference: dict[str, Any], message: str) -> None:
