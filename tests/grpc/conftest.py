@@ -1,6 +1,7 @@
 """A real ``rewardd serve --grpc-port`` for the gRPC tests: API keys for two tenants (one
 limited to one request in flight), the test verifiers (``test_sleep``), one pool worker (so
-a check the server failed to cancel would visibly hold the next one up)."""
+a check the server failed to cancel would visibly hold the next one up), and verifier
+time limits up to 600 s (so only a cancel, never the limit, can end a test's long sleep)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def grpc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer
         "small": {"keys": [SMALL_KEY], "max_concurrent_jobs": 1, "max_body_bytes": 4096}}}))
     port = free_port()
     with running_server("--grpc-port", str(port), "--pool-size", "1",
+                        "--max-verifier-timeout-s", "600",
                         "--plugins", "tests.plugins.faulty", "--api-keys-file", str(keys)) as url:
         target = f"127.0.0.1:{port}"
         with grpc.insecure_channel(target) as channel:
