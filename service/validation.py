@@ -11,14 +11,14 @@ checks are generators) and raised as one :class:`RequestInvalid` (a 422 with Fas
 from __future__ import annotations
 
 from itertools import chain
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from rewardd.advantages.checks import (check_advantage, check_groups, raise_if,
                                        tokens_needed_for, validate_params)
 from rewardd.advantages.errors import Loc, error
 from rewardd.service.models import Group, RewardSpec, RewardsRequest, ScoreRequest
 from rewardd.service.settings import Settings
-from rewardd.verifiers import get_verifier
+from rewardd.verifiers import Verifier, get_verifier
 
 
 def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Iterator[dict]:
@@ -39,6 +39,32 @@ def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Itera
             yield error(loc + ("segments",), "segment routing of reward components is not "
                         "available in this release; drop 'segments'")
         yield from check_timeout(spec.timeout_s, settings, loc + ("timeout_s",))
+
+
+def reference_errors(verifier: Verifier, reference: Any, loc: Loc) -> list[dict]:
+    """``reference`` against the shape ``verifier`` documents, errors under ``loc``: a
+    verifier with a ``reference_errors(reference)`` method (the code verifier: unknown keys)
+    is refused with a 422 before anything runs, instead of a failed cell per rollout."""
+    errors_of = getattr(verifier, "reference_errors", None)
+    if errors_of is None:
+        return []
+    return [error(loc + tuple(path), f"{message} ({verifier.name} verifier)")
+            for path, message in errors_of(reference)]
+
+
+def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> Iterator[dict]:
+    """Each group's reference, by every verifier of the request (:func:`reference_errors`),
+    reported at ``body.groups[i].reference.<path>``."""
+    verifiers: dict[str, Verifier] = {}
+    for spec in specs:
+        try:
+            verifiers.setdefault(spec.verifier, get_verifier(spec.verifier))
+        except KeyError:
+            continue  # reported by check_reward_specs
+    for gi, group in enumerate(groups):
+        for verifier in verifiers.values():
+            yield from reference_errors(verifier, group.reference,
+                                        ("body", "groups", gi, "reference"))
 
 
 def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list[dict]:
@@ -77,5 +103,6 @@ def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> No
     raise_if(chain(check_rollout_count(req.groups, settings),
                    check_groups(req.groups, tokens_needed_for(spec)),
                    check_reward_specs(req.rewards, settings),
+                   check_references(req.rewards, req.groups),
                    check_component_names(req.rewards, req.groups),
                    check_advantage(spec, req.groups, req.run_id) if spec is not None else ()))

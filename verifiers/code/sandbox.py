@@ -44,6 +44,7 @@ __all__ = ["Sandbox", "SandboxError", "SandboxUnavailable", "get_sandbox", "isol
            "runtimes"]
 
 Judge = Callable[[int, TestResult], bool]
+OnBinary = Callable[[bytes], None]
 log = logging.getLogger(__name__)
 
 UID_BASE = 2_000_000_000
@@ -254,8 +255,12 @@ class Sandbox:
         self._zygote = _Zygote(level)
         return self._zygote
 
-    def run(self, program: Program, judge: Judge | None = None) -> list[TestResult]:
+    def run(self, program: Program, judge: Judge | None = None,
+            on_binary: OnBinary | None = None) -> list[TestResult]:
         """Run every test of ``program`` (until ``judge`` says stop); their results in order.
+
+        ``on_binary``: called with a C++ program's executable once it compiled, so a caller
+        can cache it and send it as :attr:`Program.binary` next time (a checker's, say).
 
         Raises :class:`SandboxUnavailable` where code cannot run isolated (and unsafe is not
         allowed), :class:`SandboxError` when the sandbox itself fails mid-run. A zygote
@@ -270,7 +275,7 @@ class Sandbox:
             for attempt in range(2):
                 zygote = self._ensure()
                 try:
-                    return self._run_on(zygote, program, judge)
+                    return self._run_on(zygote, program, judge, on_binary)
                 except _NotTaken:
                     self._zygote = None
                     zygote.kill()
@@ -279,11 +284,13 @@ class Sandbox:
                                            f"{zygote.stderr_tail()}") from None
             raise AssertionError("unreachable")
 
-    def _run_on(self, zygote: _Zygote, program: Program, judge: Judge | None) -> list[TestResult]:
+    def _run_on(self, zygote: _Zygote, program: Program, judge: Judge | None,
+                on_binary: OnBinary | None = None) -> list[TestResult]:
         uid = UID_BASE + UID_SLOTS * zygote.pid + zygote.runs % UID_SLOTS
         zygote.runs += 1
         self.last_uid = uid if zygote.level == "full" else None
-        request = _request(program, uid, lockstep=judge is not None)
+        request = _request(program, uid, lockstep=judge is not None,
+                           want_binary=on_binary is not None)
         results: list[TestResult] = []
         state = "writing"
         try:
@@ -311,6 +318,8 @@ class Sandbox:
                         go = bool(judge(i, result))
                         if i + 1 < len(program.tests):
                             zygote.send({"op": "next", "go": go})
+                elif op == "binary" and on_binary is not None:
+                    on_binary(unb64(message["data"]))
                 elif op == "fatal":
                     raise SandboxError(f"sandbox driver failed: {message.get('message')}")
                 elif op == "done":
@@ -374,17 +383,20 @@ class Sandbox:
             self._zygote = None
 
 
-def _request(program: Program, uid: int, *, lockstep: bool) -> dict[str, Any]:
+def _request(program: Program, uid: int, *, lockstep: bool,
+             want_binary: bool = False) -> dict[str, Any]:
     limits = program.limits
     return {
         "op": "run", "uid": uid, "language": program.language, "source": program.source,
-        "lockstep": lockstep,
+        "lockstep": lockstep, "want_binary": want_binary,
+        "binary": b64(program.binary) if program.binary is not None else None,
         "limits": {"cpu_s": limits.cpu_s, "wall_s": limits.wall_s,
                    "memory_mb": limits.memory_mb, "processes": limits.processes,
                    "file_size_mb": limits.file_size_mb, "output_bytes": limits.output_bytes,
                    "compile_s": limits.compile_s},
         "tests": [{"mode": t.mode, "stdin": b64(t.stdin), "fn_name": t.fn_name,
-                   "args_json": t.args_json, "expr": t.expr, "script": t.script}
+                   "args_json": t.args_json, "expr": t.expr, "script": t.script,
+                   "files": [[name, b64(data)] for name, data in t.files]}
                   for t in program.tests],
     }
 
@@ -392,7 +404,8 @@ def _request(program: Program, uid: int, *, lockstep: bool) -> dict[str, Any]:
 def _budget(program: Program) -> float:
     """Longest a run may take before the grader stops trusting the zygote."""
     limits = program.limits
-    compile_s = limits.compile_s if program.language == "cpp" else 0.0
+    compile_s = limits.compile_s if program.language == "cpp" and program.binary is None \
+        else 0.0
     return compile_s + len(program.tests) * (limits.wall_s + PER_TEST_SLACK_S) + SLACK_S
 
 
@@ -403,7 +416,7 @@ def _result(message: dict[str, Any]) -> TestResult:
         signal=message["signal"], value_json=message["value_json"],
         completed=bool(message["completed"]), truncated=bool(message["truncated"]),
         wall_s=float(message["wall_s"]), cpu_s=float(message["cpu_s"]),
-        message=message["message"])
+        message=message["message"], exception=bool(message.get("exception")))
 
 
 _instance: Sandbox | None = None

@@ -27,6 +27,15 @@ values judged outside the sandbox and what remains a ``script``.
 ``language``: ``python`` (default), ``cpp`` or ``javascript`` (also ``py``, ``python3``,
 ``c++``, ``js``, ``node``); call-based and assert-style tests need Python.
 
+``checker`` (stdin/stdout tests only): ``{"language": "python" | "cpp", "code": "..."}``, a
+special judge that decides each test instead of comparing text
+(:mod:`~rewardd.verifiers.code.checker`).
+
+Unknown keys are refused, never ignored (a misspelt ``checker`` would otherwise grade by
+exact match): at the top level, inside ``tests``/``input_output`` (``inputs``, ``outputs``,
+``fn_name``) and inside ``checker``. :func:`unknown_keys` lists them with their paths; the API
+refuses them with a 422 before anything runs.
+
 A reference that cannot be read raises :class:`~rewardd.verifiers.base.InvalidReference` naming the
 field (``tests.outputs``, ``input_output.inputs[3]``, ``test_code``, ``entry_point``...).
 """
@@ -42,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from rewardd.verifiers.base import InvalidReference
+from rewardd.verifiers.code.checker import CHECKER_KEYS, Checker, parse_checker
 from rewardd.verifiers.code.compare import Expectation
 from rewardd.verifiers.code.types import Language, TestRun
 
@@ -54,6 +64,8 @@ _LANGUAGES: dict[str, Language] = {
     "nodejs": "javascript",
 }
 _TABLE_FIELDS = ("tests", "input_output", "test_code")
+REFERENCE_KEYS = ("tests", "input_output", "test_code", "entry_point", "language", "checker")
+TABLE_KEYS = ("inputs", "outputs", "fn_name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +86,8 @@ class Spec:
     """Assert-style: ``script`` tests (0 or 1): test code that could not be lifted."""
     script_asserts: int = 0
     """Assert statements inside the script (judged only by the script's completion)."""
+    checker: Checker | None = None
+    """The special judge that decides each stdio test, when the reference has one."""
 
 
 # ---------------------------------------------------------------------------- language
@@ -102,6 +116,37 @@ def _decode_json(text: str, where: str) -> Any:
         raise InvalidReference(f"code reference {where!r} is not valid JSON: {exc}") from None
 
 
+# ---------------------------------------------------------------------------- keys
+
+
+def _unknown(mapping: Mapping[str, Any], known: tuple[str, ...],
+             where: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+    return [(where + (str(key),), f"code reference '{'.'.join(where + (str(key),))}' is not "
+             f"a known key (known: {', '.join(known)})") for key in mapping if key not in known]
+
+
+def unknown_keys(reference: Any) -> list[tuple[tuple[str, ...], str]]:
+    """Every unknown key of a code reference, as (path, message): the top level, the tests
+    table (also when given as a JSON string; one that is not JSON is left to the parser)
+    and the checker. Shape errors other than unknown keys are not looked for here."""
+    if not isinstance(reference, Mapping):
+        return []
+    found = _unknown(reference, REFERENCE_KEYS, ())
+    for name in ("tests", "input_output"):
+        table = reference.get(name)
+        if isinstance(table, str):
+            try:
+                table = json.loads(table)
+            except (ValueError, RecursionError):
+                continue
+        if isinstance(table, Mapping):
+            found += _unknown(table, TABLE_KEYS, (name,))
+    checker = reference.get("checker")
+    if isinstance(checker, Mapping):
+        found += _unknown(checker, CHECKER_KEYS, ("checker",))
+    return found
+
+
 def _table(reference: Mapping[str, Any], name: str) -> dict[str, Any]:
     table = reference[name]
     if isinstance(table, str):
@@ -109,6 +154,8 @@ def _table(reference: Mapping[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise InvalidReference(f"code reference {name!r} must be an object with 'inputs' and "
                                f"'outputs' (or a JSON string of one)")
+    for _, message in _unknown(table, TABLE_KEYS, (name,))[:1]:
+        raise InvalidReference(message)
     return table
 
 
@@ -598,12 +645,23 @@ def parse_reference(reference: Mapping[str, Any], language: Language | None = No
     """The reference's tests (module rules); ``language`` overrides the reference's."""
     if not isinstance(reference, Mapping):
         raise InvalidReference("code reference must be an object")
+    for _, message in _unknown(reference, REFERENCE_KEYS, ())[:1]:
+        raise InvalidReference(message)
     present = [name for name in _TABLE_FIELDS if reference.get(name) is not None]
     if len(present) != 1:
         raise InvalidReference("code reference needs exactly one of 'tests', 'input_output' "
                                f"or 'test_code'; got {present or 'none'}")
     lang = language_of(reference, language)
     name = present[0]
+    checker = reference.get("checker")
+    if checker is not None:
+        parsed = parse_checker(checker)
+        spec = _from_table(reference, name, lang) if name != "test_code" else None
+        if spec is None or spec.style != "stdio":
+            raise InvalidReference("code reference 'checker' judges stdin/stdout tests only "
+                                   f"('{name}' holds {spec.style if spec else 'assert'}-style "
+                                   "tests)")
+        return dataclasses.replace(spec, checker=parsed)
     if name != "test_code":
         return _from_table(reference, name, lang)
     if lang != "python":
@@ -622,4 +680,5 @@ def parse_reference(reference: Mapping[str, Any], language: Language | None = No
     return parse_test_code(code, entry_point)
 
 
-__all__ = ["Spec", "Style", "language_of", "parse_reference", "parse_test_code"]
+__all__ = ["REFERENCE_KEYS", "TABLE_KEYS", "Spec", "Style", "language_of", "parse_reference",
+           "parse_test_code", "unknown_keys"]

@@ -51,6 +51,10 @@ class TestRun:
     for example the left side of an ``assert``) in its namespace; the value comes back as JSON.
     ``script``: run the program, then ``script`` (test code that cannot be lifted into values);
     ``TestResult.completed`` says whether it ran to its end.
+
+    ``files`` (any mode): ``(name, data)`` pairs written read-only into the run's private tmp
+    for this test only; their paths are the program's command-line arguments, in order (how
+    a special judge is called: ``checker <input> <output> <answer>``).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -61,6 +65,7 @@ class TestRun:
     args_json: str = "[]"
     expr: str | None = None
     script: str | None = None
+    files: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,8 @@ class Program:
     source: str
     tests: tuple[TestRun, ...]
     limits: Limits = field(default_factory=Limits)
+    binary: bytes | None = None
+    """C++ only: the executable an earlier run compiled from ``source`` (no compilation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,9 @@ class TestResult:
     cpu_s: float = 0.0
     message: str = ""
     """Why, for anything but ``ok`` (for example the compiler's error)."""
+    exception: bool = False
+    """Python: the program ended by an uncaught exception (exit status 1, like
+    ``sys.exit(1)``, which a special judge uses to say "wrong answer": this tells them apart)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,13 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rewardd.verifiers.base import (FailureKind, InvalidReference, Outcome, Sample, Verifier,
                             VerifierParams)
+from rewardd.verifiers.code.checker import Case, CheckerFailed, check
 from rewardd.verifiers.code.compare import (CompareMode, Expectation, decode, stdout_equal,
                                     value_meets)
 from rewardd.verifiers.code.extract import extract_code
 from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
 from rewardd.verifiers.code.settings import sandbox_settings
-from rewardd.verifiers.code.spec import Spec, parse_reference
+from rewardd.verifiers.code.spec import Spec, parse_reference, unknown_keys
 from rewardd.verifiers.code.types import Language, Limits, Program, TestResult
 
 _SPEC_CACHE_SIZE = 256
@@ -37,8 +38,8 @@ _DETAILED_FAILURES = 10
 """Failed tests that keep their previews and messages in ``detail``; later failures keep only
 their verdict, so a program failing hundreds of tests cannot bloat every response cell."""
 
-Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory_exceeded",
-                  "output_limit", "compile_error", "not_run"]
+Verdict = Literal["passed", "partial", "wrong_answer", "runtime_error", "timeout",
+                  "memory_exceeded", "output_limit", "compile_error", "not_run"]
 
 
 class CodeParams(VerifierParams):
@@ -73,8 +74,19 @@ class CodeParams(VerifierParams):
     call inside the executor's limit (10 s by default), so it gets a low reward instead of a
     ``timeout`` failure: keep ``time_budget_s + wall_s`` below the call's ``timeout_s``.
     None: no budget."""
+    checker_cpu_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    """CPU seconds of the reference's checker per test (its own limit, not the solution's);
+    at most REWARDD_SANDBOX_MAX_TIME_S. A checker past it is a checker failure."""
+    checker_wall_s: float = Field(default=3.0, gt=0.0, le=120.0)
+    """Wall-clock seconds of the checker per test; at most REWARDD_SANDBOX_MAX_TIME_S. The
+    checker runs after the solution: keep ``time_budget_s + wall_s + checker_wall_s`` below
+    the call's ``timeout_s``, so a hanging checker is reported as the checker's failure."""
+    checker_memory_mb: int = Field(default=512, ge=32, le=16384)
+    """Memory of the checker's run in MiB (its three files included); at most
+    REWARDD_SANDBOX_MAX_MEMORY_MB."""
 
-    @field_validator("memory_mb", "processes", "cpu_s", "wall_s")
+    @field_validator("memory_mb", "processes", "cpu_s", "wall_s", "checker_cpu_s",
+                     "checker_wall_s", "checker_memory_mb")
     @classmethod
     def _within_server_maximum(cls, value: float, info: ValidationInfo) -> float:
         """A request may lower the sandbox's limits, never raise them past the operator's."""
@@ -88,7 +100,7 @@ class CodeParams(VerifierParams):
     @model_validator(mode="after")
     def _defaults_within_server_maximum(self) -> CodeParams:
         """A default the request did not set follows a ceiling the operator set below it."""
-        for name in ("memory_mb", "processes", "cpu_s", "wall_s"):
+        for name in _CEILINGS:
             if name not in self.model_fields_set:
                 _, ceiling = _ceiling(name)
                 if getattr(self, name) > ceiling:
@@ -105,9 +117,17 @@ class CodeParams(VerifierParams):
         return Limits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb,
                       processes=self.processes, output_bytes=self.output_kb * 1024)
 
+    def checker_limits(self) -> Limits:
+        """The checker's own limits (stdout: a score and a message, 1 MiB at most)."""
+        return Limits(cpu_s=self.checker_cpu_s, wall_s=self.checker_wall_s,
+                      memory_mb=self.checker_memory_mb, processes=self.processes,
+                      output_bytes=1 << 20)
+
 
 _CEILINGS = {"memory_mb": "sandbox_max_memory_mb", "processes": "sandbox_max_processes",
-             "cpu_s": "sandbox_max_time_s", "wall_s": "sandbox_max_time_s"}
+             "cpu_s": "sandbox_max_time_s", "wall_s": "sandbox_max_time_s",
+             "checker_cpu_s": "sandbox_max_time_s", "checker_wall_s": "sandbox_max_time_s",
+             "checker_memory_mb": "sandbox_max_memory_mb"}
 
 
 def _ceiling(param: str) -> tuple[str, float]:
@@ -246,10 +266,19 @@ class CodeVerifier(Verifier):
     ``whole``; ``fence_closed: false`` for an unclosed final fence), ``language``, ``style``
     (``stdio``, ``call`` or ``assert``), ``passed``, ``total`` (``tests_in_reference`` when
     ``max_tests`` cut it), assert-style ``lifted``/``script``/``script_asserts``, and
-    ``tests``: one verdict per test (``passed``, ``wrong_answer``, ``runtime_error``,
+    ``judged_by`` (``checker (python|cpp)`` when the reference has one), and
+    ``tests``: one verdict per test (``passed``, ``partial`` with its ``score`` (a
+    checker's partial credit), ``wrong_answer``, ``runtime_error``,
     ``timeout``, ``memory_exceeded``, ``output_limit``, ``compile_error``, ``not_run``),
     the first few failures with ``got``/``expected`` previews (200 characters), a
-    ``message`` (the sandbox's reason and the end of stderr) and the ``test`` (the assert).
+    ``message`` (the sandbox's reason and the end of stderr) and the ``test`` (the assert);
+    a checker's rejection has ``checker`` (its exit status) and ``checker_message`` (its
+    stderr). The reward is the sum of the tests' scores (passed 1, partial its score, else
+    0) over the number of tests.
+
+    A checker that fails (:mod:`~rewardd.verifiers.code.checker`) is ``invalid_reference``
+    with ``detail.checker_failure`` (``crashed``, ``timeout``, ``memory_exceeded``,
+    ``output_limit``, ``bad_score``, ``exit_status``, ``compile_error``) and ``detail.test``.
     """
 
     name = "code"
@@ -257,7 +286,12 @@ class CodeVerifier(Verifier):
                    "block, or the whole completion) in a sandbox on the reference's tests "
                    "(stdin/stdout, function calls, or assert-style test code) and returns the "
                    "fraction passed (or 1.0/0.0 with reward='all_or_nothing'). Outputs are "
-                   "judged outside the sandbox; expected outputs never enter it.")
+                   "judged outside the sandbox; expected outputs never enter it. With a "
+                   "'checker' in the reference, a special judge decides each stdio test "
+                   "instead (any valid permutation, a float tolerance, constructive answers; "
+                   "partial credit), in its own sandbox run; a checker that crashes, hangs or "
+                   "breaks its protocol is an invalid_reference failure with "
+                   "detail.checker_failure, never a reward. Unknown reference keys are a 422.")
     reference_fields = {
         "tests": "object (or JSON string): {inputs, outputs} for stdin/stdout tests, plus "
                  "fn_name for call-based tests (inputs: argument lists, or LiveCodeBench "
@@ -267,6 +301,14 @@ class CodeVerifier(Verifier):
                      "check(candidate))",
         "entry_point": "str: the function check(candidate) is called with (HumanEval)",
         "language": "str: python (default), cpp or javascript",
+        "checker": "object {language: python|cpp, code: str}, stdio tests only: a testlib-style "
+                   "special judge run as `checker <input> <output> <answer>` (file paths; "
+                   "answer = the test's expected output). Exit 0 accepts: an empty stdout "
+                   "scores 1, else stdout's first token must be a number in [0,1], the test's "
+                   "partial score. Exit 1 (or 2, testlib's presentation error) is a wrong "
+                   "answer. Any other exit, a crash, a limit (checker_cpu_s, checker_wall_s, "
+                   "checker_memory_mb) or a C++ compile error is a checker failure "
+                   "(invalid_reference, detail.checker_failure). No testlib.h is provided",
     }
     Params = CodeParams
 
@@ -297,9 +339,21 @@ class CodeVerifier(Verifier):
         verdicts: dict[int, dict[str, Any]] = {}
         lock = threading.Lock()
         started = time.monotonic()
+        checker = spec.checker
+
+        def first_verdict(i: int, result: TestResult) -> dict[str, Any]:
+            """The verdict, or ``checking`` for an output only the checker can judge."""
+            if checker is None:
+                return judge(expected[i], result, params)
+            if result.status == "ok":
+                return {"verdict": "checking"}
+            if result.status == "output_limit":
+                return {"verdict": "output_limit", "got": _preview(result.stdout),
+                        "message": _failure_message(result)}
+            return judge(expected[i], result, params)
 
         def on_result(i: int, result: TestResult) -> bool:
-            verdict = judge(expected[i], result, params)
+            verdict = first_verdict(i, result)
             with lock:
                 verdicts[i] = verdict
             if verdict["verdict"] == "compile_error":
@@ -307,43 +361,72 @@ class CodeVerifier(Verifier):
             if params.time_budget_s is not None \
                     and time.monotonic() - started > params.time_budget_s:
                 return False
-            return params.reward == "fraction" or verdict["verdict"] == "passed"
+            return params.reward == "fraction" or verdict["verdict"] in ("passed", "checking")
 
         program = Program(spec.language, _source(extracted.code, spec), tests, params.limits())
         try:
             iso = isolation()
-            results = get_sandbox().run(program, on_result)
+            sandbox = get_sandbox()
+            results = sandbox.run(program, on_result)
+            for i, result in enumerate(results[:len(tests)]):  # any the judge did not see
+                if i not in verdicts:
+                    verdicts[i] = first_verdict(i, result)
+            if checker is not None:
+                detail["judged_by"] = f"checker ({checker.language})"
+                cases = [Case(i, tests[i].stdin, results[i].stdout, expected[i].value)
+                         for i in sorted(verdicts) if verdicts[i]["verdict"] == "checking"]
+                checked = check(checker, cases, params.checker_limits(), sandbox,
+                                stop_at_reject=params.reward == "all_or_nothing")
+                verdicts.update({i: v if v["verdict"] == "passed" else
+                                 {**v, "got": _preview(results[i].stdout)}
+                                 for i, v in checked.items()})
         except SandboxUnavailable as exc:
             return Outcome.failure(FailureKind.unavailable, str(exc) or "no sandbox", **detail)
-        for i, result in enumerate(results[:len(tests)]):  # any result the judge did not see
-            if i not in verdicts:
-                verdicts[i] = judge(expected[i], result, params)
+        except CheckerFailed as exc:
+            return Outcome.failure(FailureKind.invalid_reference,
+                                   f"the reference's checker failed on test {exc.test} "
+                                   f"({exc.kind}): {exc.message}", checker_failure=exc.kind,
+                                   test=exc.test, **detail)
+        reward, counts = _reward(verdicts, results, expected, len(tests), params)
+        return Outcome.success(reward, isolation=iso.level, memory=iso.memory, **counts,
+                               **detail)
 
-        unrun = {"verdict": "not_run"}
-        if any(v["verdict"] == "compile_error" for v in verdicts.values()):
-            unrun = {"verdict": "compile_error"}  # the same program cannot run any test
-        per_test, detailed = [], 0
-        for i in range(len(tests)):
-            verdict = verdicts.get(i, unrun)
-            if verdict["verdict"] not in ("passed", "not_run"):
-                detailed += 1
-                if detailed > _DETAILED_FAILURES:
-                    verdict = {"verdict": verdict["verdict"]}
-                else:
-                    if i < len(results):
-                        verdict = {**verdict, "wall_s": round(results[i].wall_s, 3)}
-                    if expected[i].source:
-                        verdict = {**verdict, "test": expected[i].source}
-            per_test.append(verdict)
-        passed = sum(v["verdict"] == "passed" for v in per_test)
-        total = len(tests)
-        if params.reward == "all_or_nothing":
-            reward = 1.0 if passed == total else 0.0
-        else:
-            reward = passed / total
-        return Outcome.success(reward, isolation=iso.level, memory=iso.memory,
-                               passed=passed, total=total,
-                               tests=per_test, **detail)
+    def reference_errors(self, reference: Any) -> list[tuple[tuple[str, ...], str]]:
+        """Unknown keys of a code reference (path, message): a 422 at the API, before any
+        rollout runs (:func:`~rewardd.verifiers.code.spec.unknown_keys`)."""
+        return unknown_keys(reference)
+
+
+def _reward(verdicts: dict[int, dict[str, Any]], results: list[TestResult],
+            expected: tuple[Expectation, ...], total: int,
+            params: CodeParams) -> tuple[float, dict[str, Any]]:
+    """The reward and the per-test detail: a passed test counts 1, a ``partial`` one its
+    checker's score, any other 0; tests never judged are ``not_run``."""
+    unrun = {"verdict": "not_run"}
+    if any(v["verdict"] == "compile_error" for v in verdicts.values()):
+        unrun = {"verdict": "compile_error"}  # the same program cannot run any test
+    per_test, detailed, score = [], 0, 0.0
+    for i in range(total):
+        verdict = verdicts.get(i, unrun)
+        if verdict["verdict"] == "checking":  # the checker stopped before it (all or nothing)
+            verdict = unrun
+        score += 1.0 if verdict["verdict"] == "passed" else float(verdict.get("score", 0.0))
+        if verdict["verdict"] not in ("passed", "not_run"):
+            detailed += 1
+            if detailed > _DETAILED_FAILURES:
+                verdict = {k: v for k, v in verdict.items() if k in ("verdict", "score")}
+            else:
+                if i < len(results):
+                    verdict = {**verdict, "wall_s": round(results[i].wall_s, 3)}
+                if expected[i].source:
+                    verdict = {**verdict, "test": expected[i].source}
+        per_test.append(verdict)
+    passed = sum(v["verdict"] == "passed" for v in per_test)
+    if params.reward == "all_or_nothing":
+        reward = 1.0 if passed == total else 0.0
+    else:
+        reward = score / total
+    return reward, {"passed": passed, "total": total, "tests": per_test}
 
 
 __all__ = ["CodeParams", "CodeVerifier", "clear_caches", "judge", "load_spec"]

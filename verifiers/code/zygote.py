@@ -66,8 +66,14 @@ Every message is a frame: a 4-byte big-endian length, then that many bytes of UT
 
 - zygote -> grader, once at start: ``{"op": "ready", "runtimes": {...}, "seccomp": str}``
 - grader -> zygote: ``{"op": "run", "uid", "language", "source", "limits": {...},
-  "tests": [{"mode", "stdin" (b64), "fn_name", "args_json", "expr", "script"}, ...],
-  "lockstep": bool}``
+  "tests": [{"mode", "stdin" (b64), "fn_name", "args_json", "expr", "script", "files"},
+  ...], "lockstep": bool, "binary" (b64 or null), "want_binary": bool}``. ``files``: a
+  list of ``[name, data (b64)]``, written read-only into the run's ``/tmp`` before the test
+  and removed after it; their paths are the program's command-line arguments, in order (a
+  special judge's ``checker <input> <output> <answer>``). ``binary``: a C++ program's
+  executable, compiled by an earlier run (no compilation); ``want_binary``: send the
+  compiled executable back (``{"op": "binary", "data" (b64)}``, before the first result)
+  so the grader can cache it.
 - zygote -> grader, as soon as it has read a run: ``{"op": "started"}`` (a zygote that
   dies before saying so never ran it: the grader may retry on a fresh one)
 - D -> grader, per test: ``{"op": "result", "i", "status", "stdout" (b64), "stderr_tail"
@@ -423,7 +429,7 @@ def python_test(source: str, test: dict[str, Any]) -> NoReturn:
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8",
         errors="backslashreplace", newline="\n", line_buffering=True)
-    sys.argv = ["solution.py"]
+    sys.argv = ["solution.py", *(test.get("argv") or ())]
     module = types.ModuleType("__main__")
     module.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = module
@@ -655,6 +661,8 @@ class Run:
         self.workdir = "/tmp"
         self.binary: str | None = None
         self.compile_error: str | None = None
+        self.prebuilt: str | None = request.get("binary")
+        self.want_binary = bool(request.get("want_binary"))
 
     # -- setup
 
@@ -685,8 +693,13 @@ class Run:
     def drive(self) -> None:
         self.setup()
         try:
-            if self.language == "cpp":
+            if self.language == "cpp" and self.prebuilt:
+                self.install_binary()
+            elif self.language == "cpp":
                 self.compile_cpp()
+                if self.want_binary and self.binary is not None:
+                    with open(self.binary, "rb") as f:
+                        send({"op": "binary", "data": b64(f.read())})
             elif self.language == "javascript":
                 self.binary = self.write_source("main.js")
             last = len(self.tests) - 1
@@ -741,6 +754,9 @@ class Run:
             argv = [self.binary or ""]
         else:
             argv = []
+        paths = self.write_files(test.pop("files", None) or [])
+        test["argv"] = paths  # a Python test's sys.argv[1:]; an executable's arguments:
+        argv = argv + paths if argv else argv
         child = Child(self, memory_mb=memory_mb, cpu_s=float(limits["cpu_s"]),
                       processes=processes, stack_mb=stack_mb, total_mb=total_mb)
         stdin_fd = self.stdin_fds[i]
@@ -750,8 +766,39 @@ class Run:
         finally:
             os.close(stdin_fd)
             self.stdin_fds[i] = -1
+            for path in paths:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         return classify(outcome, cpu_s=float(limits["cpu_s"]), mode=test["mode"],
                         language=self.language)
+
+    def install_binary(self) -> None:
+        """A C++ program compiled by an earlier run (the grader's cache): no compilation."""
+        path = os.path.join(self.workdir, "main")
+        with open(path, "wb") as f:
+            f.write(unb64(self.prebuilt or ""))
+        os.chmod(path, 0o755)
+        self.prebuilt = None
+        self.binary = path
+
+    def write_files(self, files: list[list[str]]) -> list[str]:
+        """A test's argument files, read-only in the run's tmp (owned by D: the program can
+        read them, not change or remove them); their paths, in order."""
+        paths = []
+        for name, data in files:
+            if not name or "/" in name or name in (".", "..", "main", "main.cpp", "main.js"):
+                raise ValueError(f"bad argument file name {name!r}")
+            path = os.path.join(self.workdir, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o444)
+            try:
+                write_all(fd, unb64(data))
+            finally:
+                os.close(fd)
+            os.chmod(path, 0o444)
+            paths.append(path)
+        return paths
 
     def compile_cpp(self) -> None:
         compiler = shutil.which("g++", path=EXEC_PATH)
@@ -1022,7 +1069,8 @@ def classify(o: dict[str, Any], *, cpu_s: float, mode: str, language: str) -> di
     return {"status": status, "stdout": b64(o["stdout"]), "stderr_tail": b64(stderr),
             "exit_code": code, "signal": sig, "value_json": value_json,
             "completed": completed, "truncated": o["truncated"],
-            "wall_s": round(o["wall_s"], 6), "cpu_s": round(o["cpu_s"], 6), "message": message}
+            "wall_s": round(o["wall_s"], 6), "cpu_s": round(o["cpu_s"], 6), "message": message,
+            "exception": status == "runtime_error" and tag == b"E"}
 
 
 def _signal_name(sig: int) -> str:
