@@ -137,6 +137,9 @@ def test_boxes_together_is_the_reported_rule_and_only_in_the_answer_part():
     ("\\boxed{f(x+y) = f(x) + f(y)}", "f(x+y) = f(x) + f(y)", 1.0),
     ("\\boxed{g(x)^2 = 1}", "g(x)^2 = 1", 1.0),  # identical, though no point evaluates g
     ("\\boxed{f(y) = 2y}", "f(y) = y", 0.0),
+    ("\\boxed{x(x+1) = 6}", "6", 0.0),  # a product, not a function: an equation, no value
+    ("\\boxed{a(b+c) = 12}", "12", 0.0),
+    ("\\boxed{\\varphi(n) = 4}", "4", 1.0),
 ])
 def test_labelled_answers_and_chains(completion, reference, reward):
     assert check(completion, reference).reward == reward
