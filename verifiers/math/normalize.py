@@ -31,11 +31,12 @@ _DELIM_ALIASES = ((r"\lbrace", r"\{"), (r"\rbrace", r"\}"), (r"\lvert", "|"), (r
                   (r"\rangle", ")"))
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;:> ]|quad|qquad|displaystyle|textstyle|hfill|enspace)"
                       r"(?![a-zA-Z])|~")
-_THOUSANDS = re.compile(r"(?<=\d)(?:,\s*\\[!,]|\{,\}(?:\\!)?|\\,|(?<!\\)\\ |\\!|\s)"
+_THOUSANDS = re.compile(r"(?<=\d)(?:,\s*\\[!,]|\{,\}(?:\\!)?|\\,|(?<!\\)\\ |\\!|\s)\s*"
                         r"(?=\d{3}(?!\d))")
 """Thousands separators between digit groups: MATH writes ``11,\\!111,\\!100`` and
 ``32{,}349``, typesetting ``1\\,000``; a plain ``1,000`` is read by the number reader."""
-_CURRENCY = re.compile(r"\\\$\s*(?=[-+]?\.?\d)|(?<=[\d.])\s*\\\$|\\text\s*\{\s*\\\$\s*\}"
+_CURRENCY = re.compile(r"\\text\s*\{\s*\\(?:\$|textdollar)\s*\}|\\textdollar(?![a-zA-Z])"
+                       r"|\\\$\s*(?=[-+]?\.?\d)|(?<=[\d.])\s*\\\$"
                        r"|^\$(?=[-+]?\.?\d[^$]*$)")
 """A dollar sign written before or after an amount (``\\$16.20``, ``16.20\\$``, ``$16`` when
 it opens no math span): money is compared as the number."""
@@ -44,6 +45,10 @@ _FRAC_ALIASES = re.compile(r"\\[dt]frac(?![a-zA-Z])")
 _BINOM_ALIASES = re.compile(r"\\[dt]binom(?![a-zA-Z])")
 _WRAPPERS = re.compile(r"\\(?:mathbf|boldsymbol|bm|textbf|mathit|textit|mathsf|emph|mathnormal)"
                        r"\s*\{")
+_TEXT_AMOUNT = re.compile(r"\\(?:text|textnormal|textrm|mbox)\s*\{\s*([-+]?\d[\d,]*(?:\.\d+)?)"
+                          r"((?:\s+[A-Za-z][A-Za-z/^\d]*){0,3})\s*\}")
+"""A number written inside ``\\text{}`` with a known unit (``\\text{5 cm}``): the number
+comes out, the unit stays in text; other words (``\\text{5 apples and 3 pears}``) stay text."""
 _ROMAN_CONSTANT = re.compile(r"\\(?:mathrm|operatorname|text)\s*\{\s*([ei])\s*\}")
 _SHORT_ARGS = ((re.compile(r"\\sqrt\s*([0-9a-zA-Z])"), r"\\sqrt{\1}"),
                (re.compile(r"\\frac\s*([0-9a-zA-Z])\s*([0-9a-zA-Z])"), r"\\frac{\1}{\2}"),
@@ -71,6 +76,7 @@ _KNOWN_UNITS = (
     "mph kph km/h m/s cm^2 m^2 cm^3 m^3 inches^2 ft^2 people students apples ways"
 ).split()
 KNOWN_UNITS: tuple[str, ...] = tuple(_KNOWN_UNITS)
+_UNIT_WORDS = frozenset(u.lower() for u in _KNOWN_UNITS) | {"square", "cubic", "sq"}
 """Unit names read after a number; prose detection (:mod:`rewardd.verifiers.math.prose`) lets
 them stand in an answer."""
 _PLAIN_UNIT = re.compile(r"(?<=[\d}.)])\s+((?:square |cubic |sq )?(?:"
@@ -140,6 +146,15 @@ def strip_outer(text: str) -> str:
     return text
 
 
+def _text_amount(m: re.Match[str]) -> str:
+    unit = m.group(2).split()
+    if not unit:
+        return m.group(1)
+    if all(w.lower() in _UNIT_WORDS for w in unit):
+        return f"{m.group(1)}\\text{{ {' '.join(unit)}}}"
+    return m.group(0)
+
+
 def clean(text: str) -> str:
     """One spelling for each notation; see the module docstring."""
     text = _CONTROL.sub("", text)
@@ -149,6 +164,7 @@ def clean(text: str) -> str:
     for alias, canonical in _DELIM_ALIASES:
         text = text.replace(alias, canonical)
     text = _CURRENCY.sub("", text)
+    text = _TEXT_AMOUNT.sub(_text_amount, text)
     text = _THOUSANDS.sub("", text)
     text = _SPACING.sub(" ", text)
     text = _FRAC_ALIASES.sub(r"\\frac", text)
