@@ -8,7 +8,7 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded sandbox-deps redis bench openapi clean
+        test-client-env test-loaded sandbox-deps redis grpc-node-deps bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 run: install
 	$(VENV)/bin/rewardd serve --host $(HOST) --port $(PORT)
 
-test: install sandbox-deps redis
+test: install sandbox-deps redis grpc-node-deps
 	$(PY) -m pytest
 
 # The same suite on a machine that is busy: one busy-loop process per core, at the tests' own
@@ -138,6 +138,16 @@ sandbox-deps:
 	    echo "rewardd: the code sandbox needs bubblewrap: install it (apt-get install bubblewrap," \
 	         "dnf install bubblewrap, apk add bubblewrap) and rerun make test" >&2; exit 1; \
 	  fi; }
+
+# The gRPC client test in a second language (tests/grpc/test_node_client.py) needs
+# @grpc/grpc-js and @grpc/proto-loader from npm, pinned by tests/grpc/node/package-lock.json.
+# Without node it is skipped (the summary says so); the test installs them too when missing.
+grpc-node-deps:
+	@if command -v npm >/dev/null 2>&1; then \
+	  test tests/grpc/node/node_modules/.package-lock.json -nt tests/grpc/node/package-lock.json || \
+	    (cd tests/grpc/node && npm ci --no-audit --no-fund --loglevel=error); \
+	else echo "rewardd: no node/npm: the Node.js gRPC client test will be skipped (install" \
+	          "nodejs and npm to run it)" >&2; fi
 
 # The distributed tests need Redis at 127.0.0.1:6379. Use the one running; else start a
 # redis-server (nothing kept on disk), installing it as root where it is missing.
