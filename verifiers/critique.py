@@ -79,7 +79,9 @@ class CritiqueParams(VerifierParams):
     ignore_case: bool = True
     """Compile ``pattern`` case-insensitively."""
     reward_agree: RewardValue = 1.0
+    """Reward of a verdict that matches the label."""
     reward_disagree: RewardValue = 0.0
+    """Reward of a verdict against the label."""
     reward_unparseable: RewardValue = 0.0
     """Reward of a completion with no verdict, or with verdicts that contradict each other."""
 

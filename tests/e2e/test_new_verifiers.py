@@ -77,6 +77,8 @@ def test_get_verifiers_documents_reference_and_params(url: str) -> None:
     for name in NEW:
         assert listed[name]["description"] and listed[name]["reference_fields"], name
         assert listed[name]["params"], name
+        undocumented = [p["name"] for p in listed[name]["params"] if not p["description"]]
+        assert not undocumented, f"{name}: {undocumented}"
     assert set(listed["tool_call"]["reference_fields"]) == {"calls", "possible_answer", "tools"}
     assert {p["name"] for p in listed["continuation"]["params"]} >= {"k", "prefix_fraction",
                                                                       "mode", "math", "backend"}

@@ -70,9 +70,11 @@ class ContinuationParams(VerifierParams):
     backend: BackendOverride | None = None
     """Which model continues: a configured backend by name, optionally another model on it."""
     max_tokens: int = Field(2048, ge=16, le=65536)
+    """Longest continuation; one cut off before its answer counts as a failed sample."""
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     """Sampling temperature; above 0 when k > 1 (k greedy samples would be one sample)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling of the continuations."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Sample j of a rollout uses seed + j."""
     extra_body: dict[str, Any] | None = None

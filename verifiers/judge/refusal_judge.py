@@ -64,8 +64,11 @@ class RefusalJudgeParams(RefusalParams):
     backend: BackendOverride | None = None
     """Which judge: a configured backend by name, optionally another model on it."""
     max_tokens: int = Field(256, ge=16, le=32768)
+    """Longest verdict the judge may write."""
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    """The judge's sampling temperature (retries use at least 0.5)."""
     seed: int | None = None
+    """The judge's sampling seed (retries add 1, 2, ...)."""
     retries: int = Field(2, ge=0, le=10)
     """Times an unparseable or refused verdict is asked again before it is a failure."""
     structured: bool = False
