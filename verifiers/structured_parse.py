@@ -62,6 +62,8 @@ def _loads(text: str, where: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise FormatError(f"{where} is not valid JSON: {exc}") from None
+    except RecursionError:  # a completion of 10^5 nested brackets is the model's doing
+        raise FormatError(f"{where} nests too deeply to read") from None
 
 
 def find_json(text: str, formats: Sequence[Container] = CONTAINERS) -> Found:

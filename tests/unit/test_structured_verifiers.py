@@ -107,6 +107,7 @@ def test_a_draft_call_inside_the_reasoning_is_not_scored() -> None:
     ('<tool_call>{"arguments": {"location": "Boston, MA"}}</tool_call>', "no function name"),
     ('<tool_call>{"name": "get_current_weather", "arguments": ["Boston"]}</tool_call>',
      "not an object"),
+    ("<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>", "nests too deeply"),
 ])
 def test_malformed_calls_are_format_zero_with_the_reason_not_a_failure(completion: str,
                                                                       why: str) -> None:
