@@ -140,6 +140,12 @@ def test_boxes_together_is_the_reported_rule_and_only_in_the_answer_part():
     ("\\boxed{x(x+1) = 6}", "6", 0.0),  # a product, not a function: an equation, no value
     ("\\boxed{a(b+c) = 12}", "12", 0.0),
     ("\\boxed{\\varphi(n) = 4}", "4", 1.0),
+    ("\\boxed{2^{10} = 1024}", "1024", 1.0),  # a closed form stated with its value
+    ("\\boxed{2^{10} = 1000}", "1024", 0.0),
+    ("\\boxed{\\frac{1}{2}\\cdot 4 = 2}", "2", 1.0),
+    ("\\boxed{\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix} = -2}", "-2", 1.0),
+    ("\\boxed{\\det A = -2}", "-2", 1.0),
+    ("\\boxed{x+y = 5}", "5", 0.0),  # variables on the left: an equation
 ])
 def test_labelled_answers_and_chains(completion, reference, reward):
     assert check(completion, reference).reward == reward

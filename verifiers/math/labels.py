@@ -7,7 +7,8 @@ Here an equation whose left side is a *named quantity* is a :class:`Labelled` va
 is kept as written (normalised) and the value parsed on its own. A plain one-symbol label
 (``x = 5``) is left to the equation path, which already reads it as an assignment.
 
-A chain ``x = 5+5+1 = 11`` answers with its last side (keeping a label on the left), and a
+A chain ``x = 5+5+1 = 11`` answers with its last side (keeping a label on the left), so does
+a closed form stated with its value (``2^{10} = 1024``, ``\\frac12\\cdot 4 = 2``), and a
 ratio or clock time with a zero part (``12:00``, ``3:0``) is compared as written: the grammar
 reads ``12:00`` as 12/0, the same complex infinity as ``1:00``.
 """
@@ -28,7 +29,7 @@ _SUB = r"(?:_\{?[A-Za-z0-9]{1,4}\}?)?'*"
 _SYMBOL = rf"(?:[A-Za-z]|\\(?:{'|'.join(_GREEK)})(?![A-Za-z])){_SUB}"
 _POINTS = rf"(?:[A-Z]'?){{2,4}}{_SUB}"
 """Names of points: a segment ``AB``, an angle ``ABC``, a polygon ``ABCD``."""
-_NAME = (rf"(?:(?:m\s*)?\\(?:angle|measuredangle|triangle)\s*{_POINTS}"
+_NAME = (rf"(?:(?:m\s*)?\\(?:angle|measuredangle|triangle)\s*{_POINTS}|\\det\s*\(?[A-Z]\)?"
          rf"|\\(?:overline|widehat|overrightarrow|vec)\s*\{{{_POINTS}\}}|{_POINTS}"
          rf"|[A-Z]_\{{?(?:\\triangle\s*)?[A-Z]{{2,4}}\}}?)")
 _FUNCTION = rf"(?:[A-Z]|[fghpquvw]|\\(?:phi|varphi|psi)){_SUB}\s*\([^()=]{{1,40}}\)"
@@ -75,17 +76,31 @@ def read_sides(sides: list[str]) -> tuple[str | None, str] | None:
     """For an answer split at its top-level ``=`` signs: (label or None, value text) when it
     is a labelled value or a chain, else None (an equation, left to the grammar).
 
-    ``AB = 4`` -> ("AB", "4"); ``x = 5+5+1 = 11`` -> ("x", "11"); ``2+3 = 5 = 5`` ->
-    (None, "5"); ``y = 2x+1`` -> None; ``x = 1 < 2 = y`` -> None.
+    ``AB = 4`` -> ("AB", "4"); ``x = 5+5+1 = 11`` -> ("x", "11"); ``2+3 = 5 = 5`` and
+    ``2^{10} = 1024`` (a closed form on the left) -> (None, last side); ``y = 2x+1`` -> None;
+    ``x = 1 < 2 = y`` -> None.
     """
     if len(sides) < 2 or not all(sides) or any(_RELATION_SIGN.search(s) for s in sides):
         return None
     first, last = sides[0].strip(), sides[-1].strip()
     if len(sides) == 2:
-        return (first, last) if is_named_quantity(first) else None
+        if is_named_quantity(first):
+            return first, last
+        return (None, last) if _is_closed_form(first) else None
     if is_named_quantity(first) or _PLAIN_SYMBOL.match(first):
         return first, last
     return None, last
+
+
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}(?:\{[^{}]*\})?")
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+
+
+def _is_closed_form(text: str) -> bool:
+    """Text with no variable (no letter outside LaTeX commands): ``\\frac12\\cdot 4``,
+    ``2^{10}``, a ``vmatrix`` of numbers. ``2^{10} = 1024`` states the value 1024."""
+    bare = _COMMAND.sub("", _ENVIRONMENT.sub("", text))
+    return re.search(r"[A-Za-z]", bare) is None and re.search(r"\d", bare) is not None
 
 
 def written_ratio(text: str) -> str | None:
