@@ -11,7 +11,7 @@ checks are generators) and raised as one :class:`RequestInvalid` (a 422 with Fas
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 from rewardd.advantages.checks import (check_advantage, check_groups, raise_if,
                                        tokens_needed_for, validate_params)
@@ -41,15 +41,18 @@ def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Itera
         yield from check_timeout(spec.timeout_s, settings, loc + ("timeout_s",))
 
 
-def reference_errors(verifier: Verifier, reference: Any, loc: Loc) -> list[dict]:
+def reference_errors(verifier: Verifier, reference: Any, loc: Loc,
+                     shared: Collection[str] = ()) -> list[dict]:
     """``reference`` against the shape ``verifier`` documents, errors under ``loc``: a
-    verifier with a ``reference_errors(reference)`` method (the code verifier: unknown keys)
-    is refused with a 422 before anything runs, instead of a failed cell per rollout."""
+    verifier with a ``reference_errors(reference, shared)`` method (the code verifier:
+    unknown keys) is refused with a 422 before anything runs, instead of a failed cell per
+    rollout. ``shared``: the top-level keys other verifiers scoring the same reference
+    document (a group's one reference serves all of a request's verifiers)."""
     errors_of = getattr(verifier, "reference_errors", None)
     if errors_of is None:
         return []
     return [error(loc + tuple(path), f"{message} ({verifier.name} verifier)")
-            for path, message in errors_of(reference)]
+            for path, message in errors_of(reference, shared)]
 
 
 def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> Iterator[dict]:
@@ -61,10 +64,13 @@ def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> It
             verifiers.setdefault(spec.verifier, get_verifier(spec.verifier))
         except KeyError:
             continue  # reported by check_reward_specs
+    shared = {name: frozenset(key for other in verifiers.values() if other is not verifier
+                              for key in other.reference_fields)
+              for name, verifier in verifiers.items()}
     for gi, group in enumerate(groups):
-        for verifier in verifiers.values():
+        for name, verifier in verifiers.items():
             yield from reference_errors(verifier, group.reference,
-                                        ("body", "groups", gi, "reference"))
+                                        ("body", "groups", gi, "reference"), shared[name])
 
 
 def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list[dict]:

@@ -46,6 +46,25 @@ def test_unknown_reference_key_is_422_naming_it(server: str, reference: dict,
     assert f"'{'.'.join(loc)}' is not a known key" in errors[0]["msg"]
 
 
+def test_keys_of_the_requests_other_verifiers_are_not_unknown(server: str) -> None:
+    """One reference serves code and math: math's 'answer' is known to the request; alone
+    with the code verifier it is not."""
+    reference = {"tests": TESTS, "answer": "3"}
+    both = request(reference, ["```python\nprint(3)\n```\nThe answer is $3$."])
+    both["rewards"].append({"name": "math", "verifier": "math"})
+    with RewarddClient(server) as client:
+        result = client.score(both)
+        [rollout] = result["groups"][0]["rollouts"]
+        assert rollout["status"]["code"]["ok"] is True  # graded, not invalid_reference
+        assert (rollout["rewards"]["code"], rollout["rewards"]["math"]) == (0.0, 1.0)
+        with pytest.raises(RewarddError) as info:
+            client.score(request(reference, [SHIFT]))
+    assert info.value.status == 422
+    assert [e["loc"] for e in info.value.detail] == [["body", "groups", 0, "reference",
+                                                      "answer"]]
+    assert "(code verifier)" in info.value.detail[0]["msg"]
+
+
 def test_checker_grades_through_the_server(server: str) -> None:
     reference = {"tests": TESTS, "checker": {"language": "python", "code": CHECKER}}
     with RewarddClient(server) as client:

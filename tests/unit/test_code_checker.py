@@ -429,6 +429,18 @@ def test_unknown_keys_are_named_everywhere() -> None:
         assert out.error == FailureKind.invalid_reference and named in out.detail["message"]
 
 
+def test_keys_of_other_verifiers_may_share_the_reference() -> None:
+    """A group's one reference serves every verifier of the request: the API passes the
+    keys the others document (``shared``); a worker accepts any registered verifier's key."""
+    reference = {"tests": ONE_TEST, "answer": "3", "rubric": "style"}
+    assert [p for p, _ in unknown_keys(reference)] == [("answer",), ("rubric",)]
+    assert [p for p, _ in unknown_keys(reference, {"answer"})] == [("rubric",)]
+    assert unknown_keys(reference, {"answer", "rubric"}) == []
+    assert parse_reference(reference).style == "stdio"  # math's and rubric's keys
+    assert "nor a key of this request's other verifiers" in unknown_keys(
+        {**reference, "answr": 1}, {"answer", "rubric"})[0][1]
+
+
 @pytest.mark.parametrize("checker,named", [
     ("python", "must be an object"),
     ({"language": "java", "code": "x"}, "'checker.language' must be python or cpp"),
@@ -504,7 +516,8 @@ def test_codecontests_row_with_a_checker() -> None:
     for kind in ("solutions", "incorrect_solutions"):
         for language, code in zip(row[kind]["language"], row[kind]["solution"]):
             lang, tag = CC_LANGUAGES[language]
-            out = grade(f"```{tag}\n{code}\n```", reference, language=lang)
+            out = grade(f"```{tag}\n{code}\n```", reference, language=lang,
+                        time_budget_s=None)  # compiling <bits/stdc++.h> takes seconds
             rewards.setdefault(kind, []).append(out.reward)
             if kind == "solutions":
                 assert verdicts(out) == ["passed"] * 6, out.detail

@@ -32,9 +32,13 @@ special judge that decides each test instead of comparing text
 (:mod:`~rewardd.verifiers.code.checker`).
 
 Unknown keys are refused, never ignored (a misspelt ``checker`` would otherwise grade by
-exact match): at the top level, inside ``tests``/``input_output`` (``inputs``, ``outputs``,
-``fn_name``) and inside ``checker``. :func:`unknown_keys` lists them with their paths; the API
-refuses them with a 422 before anything runs.
+exact match): inside ``tests``/``input_output`` (``inputs``, ``outputs``, ``fn_name``), inside
+``checker``, and at the top level, where a group's one reference may also hold the keys of
+the other verifiers scoring it (``answer`` for ``math``, ``rubric``...): the API refuses a
+top-level key that none of the request's verifiers documents (``reference_fields``), a
+worker (which sees only this verifier) one that no registered verifier documents.
+:func:`unknown_keys` lists them with their paths; the API refuses them with a 422 before
+anything runs.
 
 A reference that cannot be read raises :class:`~rewardd.verifiers.base.InvalidReference` naming the
 field (``tests.outputs``, ``input_output.inputs[3]``, ``test_code``, ``entry_point``...).
@@ -48,7 +52,7 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Collection, Literal, Mapping
 
 from rewardd.verifiers.base import InvalidReference
 from rewardd.verifiers.code.checker import CHECKER_KEYS, Checker, parse_checker
@@ -125,13 +129,29 @@ def _unknown(mapping: Mapping[str, Any], known: tuple[str, ...],
              f"a known key (known: {', '.join(known)})") for key in mapping if key not in known]
 
 
-def unknown_keys(reference: Any) -> list[tuple[tuple[str, ...], str]]:
-    """Every unknown key of a code reference, as (path, message): the top level, the tests
-    table (also when given as a JSON string; one that is not JSON is left to the parser)
-    and the checker. Shape errors other than unknown keys are not looked for here."""
+def _top_level(reference: Mapping[str, Any],
+               shared: Collection[str]) -> list[tuple[tuple[str, ...], str]]:
+    return [(path, message + (" (nor a key of this request's other verifiers)" if shared
+                              else "")) for path, message in _unknown(reference, REFERENCE_KEYS, ())
+            if path[0] not in shared]
+
+
+def registered_fields() -> frozenset[str]:
+    """The reference keys that any registered verifier documents (plugins included)."""
+    from rewardd.verifiers import REGISTRY  # the registry imports this module
+
+    return frozenset(key for v in REGISTRY.values() for key in v.reference_fields)
+
+
+def unknown_keys(reference: Any,
+                 shared: Collection[str] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """Every unknown key of a code reference, as (path, message): the top level (less the
+    ``shared`` keys, those the request's other verifiers document), the tests table (also
+    when given as a JSON string; one that is not JSON is left to the parser) and the
+    checker. Shape errors other than unknown keys are not looked for here."""
     if not isinstance(reference, Mapping):
         return []
-    found = _unknown(reference, REFERENCE_KEYS, ())
+    found = _top_level(reference, shared)
     for name in ("tests", "input_output"):
         table = reference.get(name)
         if isinstance(table, str):
@@ -645,7 +665,7 @@ def parse_reference(reference: Mapping[str, Any], language: Language | None = No
     """The reference's tests (module rules); ``language`` overrides the reference's."""
     if not isinstance(reference, Mapping):
         raise InvalidReference("code reference must be an object")
-    for _, message in _unknown(reference, REFERENCE_KEYS, ())[:1]:
+    for _, message in _top_level(reference, registered_fields())[:1]:
         raise InvalidReference(message)
     present = [name for name in _TABLE_FIELDS if reference.get(name) is not None]
     if len(present) != 1:
@@ -681,4 +701,4 @@ def parse_reference(reference: Mapping[str, Any], language: Language | None = No
 
 
 __all__ = ["REFERENCE_KEYS", "TABLE_KEYS", "Spec", "Style", "language_of", "parse_reference",
-           "parse_test_code", "unknown_keys"]
+           "parse_test_code", "registered_fields", "unknown_keys"]

@@ -17,7 +17,7 @@ import functools
 import json
 import threading
 import time
-from typing import Any, Literal, Mapping
+from typing import Any, Collection, Literal, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -391,10 +391,12 @@ class CodeVerifier(Verifier):
         return Outcome.success(reward, isolation=iso.level, memory=iso.memory, **counts,
                                **detail)
 
-    def reference_errors(self, reference: Any) -> list[tuple[tuple[str, ...], str]]:
+    def reference_errors(self, reference: Any, shared: Collection[str] = (),
+                         ) -> list[tuple[tuple[str, ...], str]]:
         """Unknown keys of a code reference (path, message): a 422 at the API, before any
-        rollout runs (:func:`~rewardd.verifiers.code.spec.unknown_keys`)."""
-        return unknown_keys(reference)
+        rollout runs. ``shared``: top-level keys the request's other verifiers document
+        (:func:`~rewardd.verifiers.code.spec.unknown_keys`)."""
+        return unknown_keys(reference, shared)
 
 
 def _reward(verdicts: dict[int, dict[str, Any]], results: list[TestResult],
