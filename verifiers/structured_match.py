@@ -17,6 +17,8 @@ set) or ``"x-unordered": true``. The schema is followed into ``properties``, ``i
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
@@ -29,6 +31,24 @@ StringMatch = Literal["exact", "bfcl"]
 _BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 _BFCL_STRIP = re.compile(r"[ ,./\-_*^]")
 MAX_ERRORS = 5
+_CACHE_SIZE = 512
+"""Checked schemas and built validators kept per process, by the schema's canonical JSON: a
+group's rollouts share one reference, and a dataset reuses a few tool sets. Checking a schema
+against its metaschema costs about a millisecond, more than the validation itself. Schemas
+over :data:`_CACHED_CHARS` are checked every time: each cache holds at most 512 schemas of at
+most 64 KB."""
+_CACHED_CHARS = 65_536
+
+
+def _cached(function: Any) -> Any:
+    """``function`` (of a schema's canonical JSON) through an LRU cache, for small keys."""
+    cached = functools.lru_cache(maxsize=_CACHE_SIZE)(function)
+
+    def call(key: str) -> Any:
+        return cached(key) if len(key) <= _CACHED_CHARS else function(key)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return call
 
 
 def json_schema_types(schema: Any) -> Any:
@@ -46,10 +66,20 @@ def json_schema_types(schema: Any) -> Any:
     return out
 
 
+def _key(schema: Any) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
 def check_schema(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON Schema, or None."""
     if not isinstance(schema, (dict, bool)):
         return f"a JSON Schema is an object, not {type(schema).__name__}"
+    return _schema_problem(_key(schema))
+
+
+@_cached
+def _schema_problem(key: str) -> str | None:
+    schema = json.loads(key)
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator
                                             ).check_schema(schema)
@@ -57,6 +87,13 @@ def check_schema(schema: Any) -> str | None:
         where = "/".join(str(p) for p in exc.path)
         return f"not a valid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
     return None
+
+
+@_cached
+def _validator(key: str) -> Any:
+    schema = json.loads(key)
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator
+                                               )(schema)
 
 
 def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -74,9 +111,9 @@ class UnresolvableSchema(ValueError):
 def schema_errors(instance: Any, schema: Any) -> list[str]:
     """The first :data:`MAX_ERRORS` ways ``instance`` breaks ``schema``, each with its JSON
     path; empty when it validates."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        errors = sorted(cls(schema).iter_errors(instance), key=lambda e: list(map(str, e.path)))
+        errors = sorted(_validator(_key(schema)).iter_errors(instance),
+                        key=lambda e: list(map(str, e.path)))
     except Unresolvable as exc:
         raise UnresolvableSchema(f"the schema has a $ref that does not resolve locally: {exc}"
                                  ) from None
