@@ -158,6 +158,11 @@ def test_reference_answer(reference, answer):
     ("It costs $5 and $6 more, so $11 total.", "11", "last_number"),
     ("The answer is $3$, $4$, and $5$.", "3, 4, 5", "final_answer_is"),
     ("The cost is $12.", "12", "closing"),
+    ("The answer is therefore 17.", "17", "final_answer_is"),
+    ("It is 5 and 6.", "5, 6", "closing"),
+    ("we get 1,000 apples", "1,000", "closing"),
+    ("Both $x = 2$ and $y = 7$ hold, and the sum is 9.", "y = 7", "dollar"),
+    ("Since $3^2 = 9$, the largest $n$ is 3.", "3", "closing"),
 ])
 def test_extraction_rule_and_answer(completion, answer, rule):
     found = extract_answer(completion)

@@ -19,9 +19,10 @@ answer wins):
    "Final Answer" heading;
 4. ``bare``: the last line, when it is mathematics with no prose and no math delimiters
    (``3x+4y+14=0``, ``42``);
-5. ``closing``: the final sentence ends on "is/are/equals/=/:" and a number
-   (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``), unless the last math
-   span of the text holds a digit (then that span, rule 6, is the answer as before);
+5. ``closing``: the final sentence ends on "is/are/equals/=/:" and a number or numbers
+   (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``, ``It is 5 and 6.``),
+   unless the last math span of that sentence states a value (``$y = 7$``: then the span,
+   rule 6, is the answer as before);
 6. ``dollar``: the last ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]`` math span
    that is not prose;
 7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
@@ -46,8 +47,8 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (closing_number, is_prose, last_numeric, math_spans, span_text, tidy,
-                                         words)
+from rewardd.verifiers.math.prose import (FILLER, closing_number, is_prose, last_numeric,
+                                         math_spans, span_text, tidy, words)
 from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
@@ -57,7 +58,8 @@ Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar",
 _FINAL_ANSWER = re.compile(
     r"\b(?:the\s+|my\s+|our\s+)?(?:final\s+|correct\s+|required\s+|desired\s+)?answer"
     r"(?:\s+(?:to|for)\s+(?:the|this)\s+(?:problem|question))?"
-    r"\s+(?:is|would\s+be|will\s+be|should\s+be)\b\s*:?[ \t]*(?=(?P<x>[^\n]*))", re.IGNORECASE)
+    r"\s+(?:is|would\s+be|will\s+be|should\s+be)\b\s*:?[ \t]*" + FILLER
+    + r"(?=(?P<x>[^\n]*))", re.IGNORECASE)
 _ANSWER_LINE = re.compile(
     r"^[ \t>*_#]*(?:final[ \t]+)?answer[ \t]*(?:\*\*)?[ \t]*[:\uff1a](?:\*\*)?[ \t]*(?P<x>[^\n]*)$"
     r"|^[ \t]*####[ \t]*(?P<g>[^\n#]+)$", re.IGNORECASE | re.MULTILINE)
@@ -65,7 +67,9 @@ _HEADING = re.compile(r"^[ \t>*_#]*final[ \t]+answer[ \t*_:]*$", re.IGNORECASE |
 _TAIL_POLITE = re.compile(
     r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
     re.IGNORECASE)
+_LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
+_VALUE_SPAN = re.compile(r"(?=.*\d).*(?:=|<|>|\\[lg]eq?(?![a-z])|\\neq?(?![a-z]))")
 _MATH_LINE = re.compile(r"^(?=.*[\w\\])[\w\s\\{}^_+\-*/=<>()\[\].,:;|!'&%$]+$")
 """The characters of a line of mathematics (below a multi-line text: the ``bare`` rule)."""
 _STRONG: frozenset[str] = frozenset({"boxed", "final_answer_is", "answer_line"})
@@ -94,6 +98,8 @@ def clean_answer(text: str) -> str:
             if (len(text) >= len(left) + len(right) and text.startswith(left)
                     and text.endswith(right) and not (left.startswith("$") and "$" in inner)):
                 text = inner.strip()
+        if len(re.findall(r"(?<!\\)\$", text)) == 1:  # what is left of a span cut in half
+            text = _LONE_DOLLAR.sub("", text).strip()
     return text
 
 
@@ -117,6 +123,8 @@ def _phrase(tail: str, rest: str) -> str | None:
         if spans and spans[0].start() == 0:
             return tidy(clean_answer(span_text(spans[0]))) or None
         tail = lines[0]
+    if tail.lstrip().startswith("}"):  # $\text{the answer is } 17$: the phrase was in text
+        tail = tail.lstrip()[1:]
     answer = clean_answer(tail[:_sentence_end(tail)])
     return tidy(answer) or None
 
@@ -181,15 +189,15 @@ def _bare(text: str) -> str | None:
 def _closing(text: str) -> str | None:
     """A number the final sentence ends on after "is"/"equals"/"=" (prose around it).
 
-    It beats the last math span only when that span names a quantity without a value
-    (``The largest $n$ is 34.``); after a span with a digit (``$y = 7$``) the span decides,
-    as it always has."""
+    It beats the last math span unless the last span of the final sentence states a value
+    (``$y = 7$ ..., and the sum is 9``: the span decides, as it always has); a span naming a
+    quantity (``The largest $n$ is 34.``, ``$2^{100}$ divided by 7 leaves 2``) does not."""
     text = _TAIL_POLITE.sub("", text).strip().rstrip(".!").strip()
-    spans = math_spans(text)
-    if spans and re.search(r"\d", span_text(spans[-1])):
-        return None
     start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
     sentence = text[start:]
+    spans = math_spans(sentence)
+    if spans and _VALUE_SPAN.search(span_text(spans[-1])):
+        return None
     return closing_number(sentence)
 
 

@@ -83,23 +83,35 @@ def first_numeric(text: str) -> re.Match[str] | None:
     return NUMERIC.search(text)
 
 
+FILLER = (r"(?:(?:about|approximately|exactly|just|only|therefore|thus|hence|then|simply|"
+          r"clearly|indeed|now|actually)\b[ \t,]*)*")
+"""Adverbs between "is" and the answer (``the answer is therefore 17``)."""
 _COPULA = re.compile(
-    r"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+"
-    r"(?:(?:about|approximately|exactly|just|only|therefore|thus)\s+)?", re.IGNORECASE)
-_NUMBER_THEN_WORDS = re.compile(r"^(?P<n>\S+?)(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
+    rf"(?:\b(?:is|are|equals?|was|be|gives?|get|obtain|makes?)|=|:)\s+{FILLER}", re.IGNORECASE)
+_NUMBERS_THEN_WORDS = re.compile(
+    r"^(?P<n>\S+?(?:(?:\s*,\s+(?:and\s+|or\s+)?|\s+(?:and|or)\s+)\S+?)*)"
+    r"(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
+_LIST_SEPARATOR = re.compile(r"\s*,\s+(?:and\s+|or\s+)?|\s+(?:and|or)\s+")
+"""Between the numbers of a list: a comma and a space (``1,000`` is one number), "and", "or"."""
 
 
 def closing_number(sentence: str) -> str | None:
     """The number a sentence ends on after "is"/"equals"/"=" and at most four words
-    (``the largest $n$ is 34``, ``x equals 4``, ``she has 18 dollars left``), else None."""
+    (``the largest $n$ is 34``, ``x equals 4``, ``she has 18 dollars left``), or the numbers
+    (``it is 5 and 6`` -> ``5, 6``), else None."""
     for m in reversed(list(_COPULA.finditer(sentence))):
-        tail = _NUMBER_THEN_WORDS.match(sentence[m.end():].strip())
+        tail = _NUMBERS_THEN_WORDS.match(sentence[m.end():].strip())
         if tail is None:
             continue
-        written = re.sub(r"^\\?\$", "", tail.group("n"))  # an amount: $12, \$12
-        number = last_numeric(written)
-        if number is not None and number == written:
-            return number
+        numbers = []
+        for written in _LIST_SEPARATOR.split(tail.group("n")):
+            written = re.sub(r"^\\?\$", "", written)  # an amount: $12, \$12
+            number = last_numeric(written)
+            if number is None or number != written:
+                break
+            numbers.append(number)
+        else:
+            return ", ".join(numbers)
     return None
 
 
@@ -123,5 +135,6 @@ def tidy(phrase: str) -> str:
     return closing_number(phrase) or phrase
 
 
-__all__ = ["NUMERIC", "closing_number", "first_numeric", "is_prose", "last_numeric", "math_spans", "span_text",
+__all__ = ["FILLER", "NUMERIC", "closing_number", "first_numeric", "is_prose", "last_numeric",
+           "math_spans", "span_text",
            "tidy", "words"]
