@@ -34,6 +34,12 @@ class ReferenceModel(BaseModel):
         report at the reference as a whole): run once the fields themselves are valid."""
         return []
 
+    def deep_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Checks that run a request's own code, such as the regular expressions of a JSON
+        Schema's ``pattern``: only in the worker (``verify``), under its time limit, never in
+        the API process, where one catastrophic pattern would stall every request."""
+        return []
+
 
 class StrictPart(BaseModel):
     """Base of structures inside a reference: an unknown key is a typo, refused."""
@@ -47,19 +53,22 @@ def _path(loc: tuple[Any, ...]) -> tuple[str | int, ...]:
         ("function-", "list[", "dict[", "json-or-python", "union[")))
 
 
-def _validate(model: type[M], reference: Mapping[str, Any]
+def _validate(model: type[M], reference: Mapping[str, Any], deep: bool = False
               ) -> tuple[M | None, list[tuple[tuple[str | int, ...], str]]]:
     try:
         parsed = model.model_validate(reference)
     except ValidationError as exc:
         return None, [(_path(tuple(e["loc"])), e["msg"].removeprefix("Value error, "))
                       for e in exc.errors()]
-    return parsed, parsed.problems() if isinstance(parsed, ReferenceModel) else []
+    if not isinstance(parsed, ReferenceModel):
+        return parsed, []
+    return parsed, parsed.problems() + (parsed.deep_problems() if deep else [])
 
 
 def reference_errors(model: type[BaseModel],
                      reference: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-    """Every problem of ``reference`` under ``model``: (path inside the reference, reason)."""
+    """Every problem of ``reference`` under ``model`` that is safe to find in the API process
+    (not :meth:`ReferenceModel.deep_problems`): (path inside the reference, reason)."""
     return _validate(model, reference)[1]
 
 
@@ -72,7 +81,7 @@ def format_path(path: tuple[str | int, ...]) -> str:
 
 def read_reference(model: type[M], reference: Mapping[str, Any], verifier: str) -> M:
     """``reference`` as ``model``, or :class:`InvalidReference` naming each bad field."""
-    parsed, problems = _validate(model, reference)
+    parsed, problems = _validate(model, reference, deep=True)
     if parsed is None or problems:
         raise InvalidReference(f"{verifier}: " + "; ".join(
             f"{format_path(path)}: {msg}" for path, msg in problems[:5]))

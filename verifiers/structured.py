@@ -104,14 +104,16 @@ class ToolCallReference(ReferenceModel):
         schemas = self.schemas()
         if not schemas:
             return []
-        found: list[tuple[tuple[str | int, ...], str]] = []
         names = [(("calls", i, "name"), c.name) for i, c in enumerate(self.calls or ())]
         names += [(("possible_answer", i), next(iter(c))) for i, c in
                   enumerate(self.possible_answer or ())]
-        for path, name in names:
-            if name not in schemas:
-                found.append((path, f"calls {name!r}, which is not among tools"))
-        for i, call in enumerate(self.calls or ()):
+        return [(path, f"calls {name!r}, which is not among tools")
+                for path, name in names if name not in schemas]
+
+    def deep_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        schemas = self.schemas()
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        for i, call in enumerate(self.calls or () if schemas else ()):
             try:
                 errors = schema_errors(call.arguments, schemas.get(call.name, True))
             except UnresolvableSchema as exc:
@@ -314,7 +316,7 @@ class JsonSchemaReference(ReferenceModel):
 
     _valid = field_validator("schema_")(usable_schema)
 
-    def problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+    def deep_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         if self.schema_ is None or "expected" not in self.model_fields_set:
             return []
         try:

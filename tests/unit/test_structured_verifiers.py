@@ -339,6 +339,12 @@ def test_json_schema_bad_references(reference: dict[str, Any], field: str) -> No
                     "the given schemas")]),
     ("json_schema", {}, []),  # the schema may come in params: checked when it runs
     ("tool_call", ["f"], [((), "must be an object, not list")]),
+    # validating values against a request's schema runs its regular expressions: only in the
+    # worker (run_verifier reports these, see test_bad_references_...), never in the API
+    ("tool_call", {"tools": [{"name": "f", "parameters": {"properties": {"a": {
+        "type": "string", "pattern": "^(a+)+$"}}}}], "calls": [{"name": "f", "arguments": {
+            "a": "a" * 40 + "!"}}]}, []),
+    ("json_schema", {"schema": PERSON, "expected": {"name": "Ada"}}, []),
 ])
 def test_reference_errors_give_the_path_the_service_reports(name: str, reference: Any,
                                                             errors: list[Any]) -> None:
