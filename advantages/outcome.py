@@ -23,7 +23,7 @@ from rewardd.advantages.errors import invalid
 from rewardd.advantages.groups import (GroupStats, group_stats, group_sum, whiten,
                                        whiten_rollouts_over_tokens)
 from rewardd.advantages.models import FiniteFloat
-from rewardd.advantages.profiles import Pins
+from rewardd.advantages.profiles import Pins, Whitening
 from rewardd.advantages.registry import EstimatorParams, register
 from rewardd.advantages.returns import (check_clip_range, kept_tokens, reverse_scan, whiten_kept,
                                         whitened, whitening)
@@ -86,6 +86,10 @@ class GrpoParams(ShapingParams):
     eps: float | None = Field(None, gt=0, le=1.0)
     """Epsilon added to the group std; unset uses the profile's (rewardd/verl 1e-6, trl 1e-4,
     openrlhf 1e-9)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """What r_i - mean_g r is divided by (TRL's GRPOConfig.scale_rewards): ``group``, the
+    group's std plus eps; ``batch``, the std of every included reward of the batch (unbiased,
+    TRL's nanstd) plus eps; ``none``, nothing (Dr. GRPO's numbers)."""
 
 
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
@@ -93,12 +97,19 @@ class GrpoParams(ShapingParams):
 def grpo(batch: AdvantageBatch, params: GrpoParams, pins: Pins) -> Tensor | Advantages:
     """Group-normalised reward: centre on the group mean, divide by the group std plus
     epsilon. A zero-spread group gets exactly 0. Under verl's singleton rule a lone rollout
-    keeps r / (1 + eps). ``clip_range`` and ``kl_coef`` as OpenRLHF's group_norm."""
+    keeps r / (1 + eps). ``scale_rewards`` as TRL's (``batch``: the batch std, ``none``: no
+    division). ``clip_range`` and ``kl_coef`` as OpenRLHF's group_norm."""
     eps = params.eps if params.eps is not None else pins.eps
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
-    std = torch.nan_to_num(stats.std, nan=0.0)
-    adv = (batch.rewards - stats.mean[g]) / (std[g] + eps)
+    adv = batch.rewards - stats.mean[g]
+    if params.scale_rewards == "group":
+        adv = adv / (torch.nan_to_num(stats.std, nan=0.0)[g] + eps)
+    elif params.scale_rewards == "batch":
+        included = batch.rewards[batch.valid]
+        spread = included.std(correction=pins.std_ddof) if included.numel() > pins.std_ddof \
+            else included.new_zeros(())
+        adv = adv / (spread + eps)
     return shaped(batch, _finish(batch, adv, batch.rewards / (1.0 + eps), pins, stats),
                   params, pins)
 
@@ -120,6 +131,11 @@ class RlooParams(ShapingParams):
     """What a lone rollout gets: ``zero``, or ``mean0_std1`` (verl's compute_rloo_outcome_
     advantage: it keeps r). Unset: the profile's rule. verl's ``rloo_vectorized`` pins
     ``zero`` (its (c r - sum) / max(c - 1, 1) * (c > 1))."""
+    normalize_advantages: bool = False
+    """Whiten the advantages over the batch's rollouts that have a leave-one-out baseline
+    (two or more included in their group), (a - mean) / (std + eps) with the unbiased std and
+    the profile's eps (TRL's RLOOConfig.normalize_advantages: nanmean and nanstd over its
+    non-NaN advantages, 1e-4 under trl); the others stay 0."""
 
 
 @register("rloo", formula="a_i = r_i - mean_{j != i} r_j",
@@ -129,14 +145,20 @@ def rloo(batch: AdvantageBatch, params: RlooParams, pins: Pins) -> Tensor | Adva
     """REINFORCE leave-one-out: each rollout's baseline is the mean of the other rollouts of
     its group, so the baseline does not depend on the rollout it scores. Under verl's
     singleton rule a lone rollout keeps r (``singleton`` overrides the profile's rule).
-    ``clip_range`` and ``kl_coef`` as OpenRLHF's rloo."""
+    ``normalize_advantages`` as TRL's RLOO; ``clip_range`` and ``kl_coef`` as OpenRLHF's
+    rloo."""
     if params.singleton is not None:
         pins = replace(pins, singleton=params.singleton)
     stats = group_stats(batch, ddof=pins.std_ddof)
     g = batch.group
     others = (stats.count[g] - 1.0).clamp(min=1.0)
     adv = batch.rewards - (stats.total[g] - batch.rewards) / others
-    return shaped(batch, _finish(batch, adv, batch.rewards, pins, stats), params, pins)
+    adv = _finish(batch, adv, batch.rewards, pins, stats)
+    if params.normalize_advantages:
+        based = batch.valid & (stats.count[g] >= 2)
+        adv = whiten(adv, based, Whitening(ddof=1, eps=pins.eps, mode="std_plus",
+                                           level="rollout"))
+    return shaped(batch, adv, params, pins)
 
 
 def masked_lengths(batch: AdvantageBatch) -> Tensor:

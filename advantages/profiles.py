@@ -70,6 +70,12 @@ class Pins:
     0.9.1's reinforce_plus_plus and gae skip observation tokens). ``step``: each counts as a
     step with reward 0 and value 0, discounted like any other (OpenRLHF masks rewards and
     values with the action mask and runs its recursion over every position)."""
+    missing: Literal["exclude", "nansum"] = "exclude"
+    """A rollout with a failed (null) reward component and no fallback. ``exclude``: it
+    leaves its group's baseline with advantage 0. ``nansum``: TRL's None, its reward is the
+    weighted sum of the components it has (nansum) and only a rollout with none is excluded;
+    per-component aggregates (gdpo) normalise each component over the rollouts that have
+    it (TRL's nanmean/nanstd)."""
     clip_range: tuple[float, float] | None = None
     """Default ``clip_range`` of the estimators that take one: OpenRLHF's --reward.clip_range
     (-10, 10), applied where OpenRLHF's compute_reward applies it."""
@@ -99,7 +105,7 @@ PROFILES: dict[Profile, Pins] = {
                            "gae": VERL_WHITENING, "reinforce_pp": VERL_WHITENING,
                            "reinforce_pp_baseline": VERL_WHITENING, "gdpo": VERL_WHITENING}),
     Profile.trl: Pins(std_ddof=1, eps=1e-4, singleton="zero", equal_group_sizes=False,
-                      grouping="contiguous blocks", whitening={
+                      grouping="contiguous blocks", missing="nansum", whitening={
                           "gae": VERL_WHITENING, "gdpo": TRL_GDPO_WHITENING}),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
                            grouping="contiguous blocks", holes="step", clip_range=(-10.0, 10.0),

@@ -23,7 +23,7 @@ from rewardd.advantages.groups import GroupFlags, describe_groups
 from rewardd.advantages.inputs import build_batch
 from rewardd.advantages.models import AdvantageSpec, Profile
 from rewardd.advantages.profiles import pins_for
-from rewardd.advantages.table import Column, Combined, FlatBatch
+from rewardd.advantages.table import Column, Combined, FlatBatch, nansum_missing
 
 
 def build_response(run_id: str | None, flat: FlatBatch, combined: Combined,
@@ -32,8 +32,10 @@ def build_response(run_id: str | None, flat: FlatBatch, combined: Combined,
     """The response body for a reward table: advantages per ``spec`` (None: rewards only),
     each group's diagnostics, the batch summary, advice and report. Stateful entries read
     and write ``run``; committing its writes is the caller's, once the response is whole."""
-    batch = build_batch(flat, combined, columns, run)
     profile = spec.profile if spec is not None else Profile.rewardd
+    if spec is not None and pins_for(profile).missing == "nansum":
+        combined = nansum_missing(combined, columns)
+    batch = build_batch(flat, combined, columns, run)
     out: dict[str, Any] = {"run_id": run_id, "estimator": spec.estimator if spec else None,
                            "profile": profile.value if spec else None}
     encoded = returns = None

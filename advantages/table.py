@@ -171,3 +171,20 @@ def component_matrix(columns: Sequence[Column]) -> tuple[list[list[float]], list
         values.append(row)
         present.append(ok)
     return values, present
+
+
+def nansum_missing(combined: Combined, columns: Sequence[Column]) -> Combined:
+    """TRL's convention for a reward function returning None (``Pins.missing`` nansum): a
+    rollout with some failed cells and no fallback keeps the weighted sum of the components
+    it has (the failed ones count 0, TRL's nansum over functions); only a rollout where no
+    component has a value stays excluded. Statuses and ``failed_cells`` are unchanged."""
+    reward = list(combined.reward)
+    for i, total in enumerate(reward):
+        if total is not None:
+            continue
+        values = [(col.weight, cell.reward if cell.ok else col.fallback)
+                  for col in columns for cell in (col.cells[i],)]
+        present = [w * v for w, v in values if v is not None]
+        if present:
+            reward[i] = sum(present, 0.0)
+    return Combined(reward, combined.rewards, combined.status, combined.failed_cells)

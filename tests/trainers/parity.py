@@ -11,7 +11,8 @@ trainer's loss reads (mask 1).
 Batches (issue 16): 64x8, 32x16, 128x2, ragged (group sizes 1..8 with singletons; equal
 sizes with ragged lengths for the trainers that need contiguous blocks), and masks with holes
 (0s inside a response). Rewards are binary in half the groups (zero-spread groups included)
-and continuous (multiples of 1/1024) in the others.
+and continuous (multiples of 1/1024) in the others. Each row also has two reward components
+(binary, eighths), each null with probability 0.15 (TRL's None).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _rows(rng: random.Random, sizes: Sequence[int], holes: bool) -> list[dict[st
             rows.append({"group": g, "reward": reward, "mask": mask,
                          "kl": [rng.randint(-256, 256) / 4096 for _ in range(length)],
                          "values": [rng.randint(-1024, 1024) / 1024 for _ in range(length)],
-                         "components": [float(rng.random() < 0.5), rng.randint(0, 8) / 8]})
+                         "components": [None if rng.random() < 0.15 else v for v in
+                                        (float(rng.random() < 0.5), rng.randint(0, 8) / 8)]})
     return rows
 
 
@@ -67,9 +69,9 @@ def request(rows: list[dict[str, Any]], spec: dict[str, Any], *, kl: bool = Fals
     groups: dict[int, list[dict[str, Any]]] = {}
     for i, row in enumerate(rows):
         rollout: dict[str, Any] = {"rollout_id": f"r{i}", "num_tokens": len(row["mask"])}
-        if components:
-            rollout["rewards"] = {name: row["components"][k] if row["components"][k]
-                                  is not None else None for k, name in enumerate(components)}
+        if components:  # two reward components, null where the row has None
+            rollout["rewards"] = {name: row["components"][k]
+                                  for k, name in enumerate(components)}
         else:
             rollout["reward"] = row["reward"]
         if 0 in row["mask"]:

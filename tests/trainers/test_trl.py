@@ -451,3 +451,44 @@ def test_a_refused_advantages_request_fails_every_process(trl_python: str, tiny_
     errors = [(tmp_path / f"rank{r}.error").read_text() for r in (0, 1)]
     assert all(e.startswith(errors[0].split(":")[0]) for e in errors), errors
     assert all("422" in e and "no_such_estimator" in e for e in errors), errors
+
+
+# ---- issue 16: every TRL option against GRPOTrainer's and RLOOTrainer's own code, float64 ---
+
+TWO = {"components": ("a", "b")}
+TRL_PARITY = [
+    {"name": f"grpo scale_rewards={scale}", "trl": "grpo", "scale_rewards": scale,
+     "spec": {"estimator": "grpo", "profile": "trl", "params": {"scale_rewards": scale}}}
+    for scale in ("group", "batch", "none")
+] + [
+    {"name": f"grpo scale_rewards={scale}, 2 functions with None", "trl": "grpo",
+     "scale_rewards": scale, "components": True, "inputs": TWO,
+     "spec": {"estimator": "grpo", "profile": "trl", "params": {"scale_rewards": scale},
+              "weights": {"a": 1.0, "b": 0.5}}}
+    for scale in ("group", "batch", "none")
+] + [
+    {"name": "grpo normalize_then_sum (gdpo), 2 functions with None", "trl": "grpo",
+     "aggregation": "normalize_then_sum", "components": True, "inputs": TWO,
+     "spec": {"estimator": "grpo", "profile": "trl", "aggregate": "gdpo",
+              "weights": {"a": 1.0, "b": 0.5}}},
+    {"name": "rloo", "trl": "rloo", "spec": {"estimator": "rloo", "profile": "trl"}},
+    {"name": "rloo normalize_advantages", "trl": "rloo", "normalize": True,
+     "spec": {"estimator": "rloo", "profile": "trl",
+              "params": {"normalize_advantages": True}}},
+    {"name": "rloo normalize_advantages, 2 functions with None", "trl": "rloo",
+     "normalize": True, "components": True, "inputs": TWO,
+     "spec": {"estimator": "rloo", "profile": "trl", "params": {"normalize_advantages": True},
+              "weights": {"a": 1.0, "b": 0.5}}},
+]
+
+
+def test_every_trl_option_matches_trls_own_advantage_code_in_float64(trl_python, tmp_path):
+    """Issue 16's acceptance for TRL: each option on 64x8, 32x16, 128x2, ragged lengths (16
+    groups of 4: TRL's contiguous blocks of num_generations) and masks with holes, within 2e-7
+    of the statements of GRPOTrainer/RLOOTrainer._generate_and_score_completions that compute
+    the advantages, run in float64 (rows with None in some or all reward functions included)."""
+    from tests.trainers.parity import TOLERANCE, compare
+
+    found = compare(trl_python, "parity_trl.py", TRL_PARITY, tmp_path, equal_sizes=True)
+    worst = {option: max(row.values()) for option, row in found.items()}
+    assert all(value <= TOLERANCE for value in worst.values()), worst
