@@ -15,7 +15,7 @@ structures (a call, a tool) unknown keys are refused.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, Collection, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -96,7 +96,10 @@ class ReferenceShaped:
     name: ClassVar[str]
     Reference: ClassVar[type[ReferenceModel]]
 
-    def reference_errors(self, reference: Any) -> list[tuple[tuple[str | int, ...], str]]:
+    def reference_errors(self, reference: Any, shared: Collection[str] = ()
+                         ) -> list[tuple[tuple[str | int, ...], str]]:
+        """``shared`` (the keys other verifiers of the request read) is not needed here:
+        top-level keys this shape does not know are allowed anyway."""
         if not isinstance(reference, Mapping):
             return [((), f"must be an object, not {type(reference).__name__}")]
         return reference_errors(self.Reference, reference)

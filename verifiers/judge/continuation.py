@@ -33,7 +33,7 @@ before any call is made.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Collection, Literal, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
@@ -111,8 +111,10 @@ class ContinuationVerifier(GroupVerifier):
     reference_fields: ClassVar[dict[str, str]] = dict(MathVerifier.reference_fields)
     Params = ContinuationParams
 
-    def reference_errors(self, reference: Any) -> list[tuple[tuple[str | int, ...], str]]:
-        """The math verifier's judgement of the reference, at ``answer``."""
+    def reference_errors(self, reference: Any, shared: Collection[str] = ()
+                         ) -> list[tuple[tuple[str | int, ...], str]]:
+        """The math verifier's judgement of the reference, at ``answer`` (other keys are
+        other verifiers' business: ``shared`` is not needed)."""
         if not isinstance(reference, Mapping):
             return [((), f"must be an object, not {type(reference).__name__}")]
         try:
