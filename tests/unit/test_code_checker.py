@@ -24,11 +24,12 @@ import pytest
 
 from rewardd.verifiers.base import FailureKind, InvalidReference, Outcome, Sample, run_verifier
 from rewardd.verifiers.code import CodeVerifier
-from rewardd.verifiers.code.checker import (executables, parse_checker, read_score,
-                                            read_verdict)
-from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox
+from rewardd.verifiers.code.checker import (Case, CheckerFailed, check, executables,
+                                            parse_checker, read_score, read_verdict)
+from rewardd.verifiers.code.sandbox import Sandbox, SandboxUnavailable, get_sandbox
+from rewardd.verifiers.code.settings import SandboxSettings, sandbox_settings
 from rewardd.verifiers.code.spec import parse_reference, unknown_keys
-from rewardd.verifiers.code.types import Program, TestResult
+from rewardd.verifiers.code.types import Limits, Program, TestResult
 from rewardd.verifiers.code.types import TestRun as Run  # not collected as a test class
 
 CODE = CodeVerifier()
@@ -323,6 +324,61 @@ def test_cpp_checker_that_does_not_compile_fails_the_judge_once() -> None:
         assert out.detail["checker_failure"] == "compile_error"
         assert "undefined_name" in out.detail["message"]
     assert executables.compiled == 1  # the error is cached too: no second compilation
+
+
+HEADER_CHECKER = r"""
+#include "judge_lib.h"
+int main(int argc, char** argv) { return judge_same(argv[2], argv[3]); }
+"""
+HEADER = r"""
+#include <fstream>
+#include <string>
+inline int judge_same(const char* out, const char* ans) {
+    std::ifstream a(out), b(ans);
+    std::string x, y;
+    while (true) {
+        bool more_a = static_cast<bool>(a >> x), more_b = static_cast<bool>(b >> y);
+        if (more_a != more_b) return 1;
+        if (!more_a) return 0;
+        if (x != y) return 1;
+    }
+}
+"""
+
+
+@pytest.mark.skipif(not HAVE_GXX, reason="g++ is not installed")
+def test_include_dir_setting_serves_headers_such_as_testlib(tmp_path: Path,
+                                                            monkeypatch: Any) -> None:
+    """REWARDD_SANDBOX_INCLUDE_DIR is on every C++ compile's include path, read-only (the
+    way an operator provides testlib.h); without it the same checker does not compile."""
+    include = tmp_path / "include"
+    include.mkdir(mode=0o755)
+    (include / "judge_lib.h").write_text(HEADER)
+    (include / "judge_lib.h").chmod(0o644)
+    tmp_path.chmod(0o755)
+    cases = [Case(0, b"", b"1 2\n", "1 2\n"), Case(1, b"", b"2 1", "1 2\n")]
+    checker = parse_checker({"language": "cpp", "code": HEADER_CHECKER})
+    executables.clear()
+    monkeypatch.setenv("REWARDD_SANDBOX_INCLUDE_DIR", str(include))
+    sandbox_settings.cache_clear()
+    sandbox = Sandbox()
+    try:
+        verdicts_ = check(checker, cases, Limits(), sandbox, stop_at_reject=False)
+    finally:
+        sandbox.close()
+        monkeypatch.delenv("REWARDD_SANDBOX_INCLUDE_DIR")
+        sandbox_settings.cache_clear()
+    assert [verdicts_[i]["verdict"] for i in (0, 1)] == ["passed", "wrong_answer"]
+    executables.clear()
+    sandbox = Sandbox()
+    try:
+        with pytest.raises(CheckerFailed) as failed:
+            check(checker, cases, Limits(), sandbox, stop_at_reject=False)
+    finally:
+        sandbox.close()
+    assert failed.value.kind == "compile_error" and "judge_lib.h" in failed.value.message
+    with pytest.raises(ValueError, match="is not a directory"):
+        SandboxSettings(sandbox_include_dir=str(tmp_path / "missing"))
 
 
 def test_solution_failures_are_not_sent_to_the_checker() -> None:

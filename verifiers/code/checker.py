@@ -31,8 +31,10 @@ the bytes of its output file.
 
 A C++ checker is compiled once (``g++ -O2 -std=c++17``) and its executable cached in this
 process by the SHA-256 of its code (a compile error too): every rollout of a group, and
-every later group with the same checker, reuses it. ``testlib.h`` is not provided: a C++
-checker must be self-contained.
+every later group with the same checker, reuses it. ``testlib.h`` is not shipped (nor
+fetched): an operator who puts it in a directory named by REWARDD_SANDBOX_INCLUDE_DIR has it
+on every compile's include path (testlib checkers, as CodeContests+ ships them, then
+compile); elsewhere a C++ checker must be self-contained.
 """
 
 from __future__ import annotations

@@ -31,12 +31,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewardd.verifiers.code.settings import sandbox_settings
 from rewardd.verifiers.code.types import Isolation
 
 UNSAFE_ENV = "REWARDD_SANDBOX_UNSAFE"
 PYTHON_MOUNT = "/opt/rewardd-python"
 ZYGOTE_MOUNT = "/opt/rewardd/zygote.py"
 ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
+INCLUDE_MOUNT = "/opt/rewardd/include"
+"""Where REWARDD_SANDBOX_INCLUDE_DIR (headers such as testlib.h) is shown in the sandbox."""
 PROBE_TIMEOUT_S = 20.0
 
 CAPABILITIES = {
@@ -97,6 +100,9 @@ def bwrap_command(level: str, *, info_fd: int | None = None) -> list[str]:
         argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     for host, inside in layout.binds:
         argv += ["--ro-bind", host, inside]
+    include = sandbox_settings().sandbox_include_dir
+    if include is not None:
+        argv += ["--ro-bind", include, INCLUDE_MOUNT]
     argv += ["--ro-bind", str(ZYGOTE_SOURCE), ZYGOTE_MOUNT,
              "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -112,12 +118,16 @@ def bwrap_command(level: str, *, info_fd: int | None = None) -> list[str]:
         argv += ["--cap-add", cap]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
-    return argv + [layout.sandbox_executable, "-I", "-S", ZYGOTE_MOUNT, "--level", level]
+    return argv + [layout.sandbox_executable, "-I", "-S", ZYGOTE_MOUNT,
+                   *(["--include", INCLUDE_MOUNT] if include is not None else []),
+                   "--level", level]
 
 
 def unsafe_command() -> list[str]:
     """The zygote without bubblewrap (level none, REWARDD_SANDBOX_UNSAFE=1 only)."""
-    return [python_layout().host_executable, "-I", "-S", str(ZYGOTE_SOURCE), "--level", "none"]
+    include = sandbox_settings().sandbox_include_dir
+    return [python_layout().host_executable, "-I", "-S", str(ZYGOTE_SOURCE),
+            *(["--include", include] if include is not None else []), "--level", "none"]
 
 
 def unsafe_env() -> dict[str, str]:

@@ -17,8 +17,9 @@ CLI flags, which the CLI exports to the environment).
 from __future__ import annotations
 
 import functools
+import os
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,6 +39,23 @@ class SandboxSettings(BaseSettings):
         30.0, gt=0, le=120, description="Most CPU seconds and most wall-clock seconds a code "
         "request may give one test. A request's `cpu_s` or `wall_s` above it is refused "
         "(422).")
+    sandbox_include_dir: str | None = Field(
+        None, description="A host directory of C/C++ headers that every C++ compilation in "
+        "the sandbox sees read-only on its include path (shown at /opt/rewardd/include): put "
+        "testlib.h there for testlib checkers such as CodeContests+'s. It must be readable "
+        "by any user (the compiler runs as the run's own uid). Unset: none.")
+
+    @field_validator("sandbox_include_dir")
+    @classmethod
+    def _a_directory(cls, value: str | None) -> str | None:
+        """A directory that is not there would make every testlib checker a compile error,
+        far from its cause: refused when the settings are read."""
+        if value in (None, ""):
+            return None
+        path = os.path.realpath(value)
+        if not os.path.isdir(path):
+            raise ValueError(f"{value!r} is not a directory")
+        return path
 
 
 @functools.lru_cache(maxsize=1)

@@ -308,7 +308,8 @@ class CodeVerifier(Verifier):
                    "partial score. Exit 1 (or 2, testlib's presentation error) is a wrong "
                    "answer. Any other exit, a crash, a limit (checker_cpu_s, checker_wall_s, "
                    "checker_memory_mb) or a C++ compile error is a checker failure "
-                   "(invalid_reference, detail.checker_failure). No testlib.h is provided",
+                   "(invalid_reference, detail.checker_failure). testlib.h: only where the "
+                   "operator set REWARDD_SANDBOX_INCLUDE_DIR",
     }
     Params = CodeParams
 

@@ -321,6 +321,9 @@ class Seccomp:
 # ---- runtimes ------------------------------------------------------------------------------
 
 EXEC_PATH = "/usr/local/bin:/usr/bin:/bin"
+INCLUDE_DIR: str | None = None
+"""``--include``: the operator's header directory (REWARDD_SANDBOX_INCLUDE_DIR, testlib.h),
+on every C++ compilation's include path."""
 
 
 def find_runtimes() -> dict[str, str | None]:
@@ -807,7 +810,8 @@ class Run:
             return
         source = self.write_source("main.cpp")
         binary = os.path.join(self.workdir, "main")
-        argv = [compiler, "-O2", "-std=c++17", "-pipe", "-o", binary, source]
+        argv = [compiler, "-O2", "-std=c++17", "-pipe",
+                *(["-I", INCLUDE_DIR] if INCLUDE_DIR else []), "-o", binary, source]
         compile_s = float(self.limits["compile_s"])
         child = Child(self, memory_mb=COMPILE_MEMORY_MB, cpu_s=compile_s,
                       processes=max(int(self.limits["processes"]), 16), stack_mb=64)
@@ -1199,7 +1203,10 @@ def _install_quitters() -> None:
 
 
 def main(argv: list[str]) -> None:
+    global INCLUDE_DIR
     level = argv[argv.index("--level") + 1] if "--level" in argv else "full"
+    if "--include" in argv:
+        INCLUDE_DIR = argv[argv.index("--include") + 1]
     if "--probe" in argv:
         probe()
         return
