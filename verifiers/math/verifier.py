@@ -28,8 +28,10 @@ _CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$
 
 class MathParams(VerifierParams):
     extract: Literal["auto", "boxed", "none"] = "auto"
-    """``auto``: last ``\\boxed{}``, then "the answer is", an "Answer:" line, the last
-    ``$..$``, the last number. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
+    """``auto``: after chat-template debris is cut and in the text after ``</think>`` first:
+    last ``\\boxed{}``, then "the answer is", an "Answer:"/"Final Answer" line or ``####``, a
+    bare last line of mathematics, a closing "... is 34.", the last ``$..$``, the last
+    numeric expression. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
     completion is the answer."""
     boxed: Literal["last", "all"] = "last"
     """``last``: the last box is the answer, except where the reference has several parts
@@ -100,8 +102,9 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
-    description = ("1.0 if the final answer (last \\boxed{}, 'the answer is', 'Answer:' line, "
-                   "last $...$, or last number; a letter for multiple choice) is "
+    description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
+                   "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
+                   "letter for multiple choice) is "
                    "mathematically equivalent to the reference answer: exact numbers, "
                    "rounding and tolerance rules, symbolic identity, equations, inequalities, "
                    "sets, intervals, tuples, matrices, units, percent and degrees; else 0.0.")
