@@ -102,8 +102,14 @@ def test_a_refused_continuation_is_judge_refused(judge: GeneratingJudgeServer) -
 def test_a_bad_reference_fails_before_any_call(judge: GeneratingJudgeServer) -> None:
     out = run([think("so far: 17")], answer="", k=2)
     assert out[0].error is FailureKind.invalid_reference and judge.requests == []
-    assert REGISTRY["continuation"].reference_errors({"answer": ""})[0][0] == ("answer",)
-    assert REGISTRY["continuation"].reference_errors({"answer": "17"}) == []
+    errors = REGISTRY["continuation"].reference_errors
+    assert errors({"answer": ""}) == errors({}) == errors({"answer": True}) == [
+        (("answer",), "the math verifier needs a non-empty string or number")]
+    assert errors({"answer": "17"}) == errors({"answer": 17}) == []
+    # an answer that does not parse: the worker's math verifier says so, before any call
+    assert errors({"answer": "\\frac{1}{"}) == []
+    out = run([think("so far: 17")], answer="\\frac{1}{", k=2)
+    assert out[0].error is FailureKind.invalid_reference and judge.requests == []
 
 
 def test_no_backend_is_judge_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
