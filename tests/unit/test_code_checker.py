@@ -326,6 +326,22 @@ def test_cpp_checker_that_does_not_compile_fails_the_judge_once() -> None:
     assert executables.compiled == 1  # the error is cached too: no second compilation
 
 
+@pytest.mark.skipif(not HAVE_GXX, reason="g++ is not installed")
+def test_compile_past_its_time_limit_is_not_cached() -> None:
+    """A compile error is cached; a compile cut short by its limit (a busy machine) is not:
+    the next call compiles again and succeeds."""
+    executables.clear()
+    checker = parse_checker({"language": "cpp", "code": PERMUTATION["cpp"] + "// slow\n"})
+    cases = [Case(0, b"2\n", b"2 1\n", "2 1\n")]
+    with pytest.raises(CheckerFailed) as failed:
+        check(checker, cases, Limits(compile_s=0.01), get_sandbox(), stop_at_reject=False)
+    assert failed.value.kind == "compile_error" and "limit" in failed.value.message
+    assert executables.get(checker.digest) is None
+    assert check(checker, cases, Limits(), get_sandbox(), stop_at_reject=False) == {
+        0: {"verdict": "passed"}}
+    assert isinstance(executables.get(checker.digest), bytes)
+
+
 HEADER_CHECKER = r"""
 #include "judge_lib.h"
 int main(int argc, char** argv) { return judge_same(argv[2], argv[3]); }

@@ -242,8 +242,10 @@ def check(checker: Checker, cases: list[Case], limits: Limits, sandbox: Any, *,
 
     def on_result(i: int, result: TestResult) -> bool:
         index = cases[i].index
-        if result.status == "compile_error" and binary is None and not failure:
-            executables.put(checker.digest, _message(result))
+        if result.status == "compile_error" and binary is None and not failure \
+                and result.message.startswith("compilation failed"):
+            executables.put(checker.digest, _message(result))  # not a time or memory limit:
+            # a compile that ran out of time on a busy machine is tried again next call
         try:
             verdicts[index] = read_verdict(result, index)
         except CheckerFailed as exc:
