@@ -34,7 +34,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.references import ReferenceModel, ReferenceShaped, StrictPart
-from rewardd.verifiers.structured_match import (StringMatch, UnresolvableSchema, arguments_match,
+from rewardd.verifiers.structured_match import (StringMatch, UnusableSchema, arguments_match,
                                                 check_schema, json_schema_types, max_matching,
                                                 same, schema_errors, usable_schema)
 from rewardd.verifiers.structured_parse import (CONTAINERS, Call, Container, FormatError,
@@ -116,7 +116,7 @@ class ToolCallReference(ReferenceModel):
         for i, call in enumerate(self.calls or () if schemas else ()):
             try:
                 errors = schema_errors(call.arguments, schemas.get(call.name, True))
-            except UnresolvableSchema as exc:
+            except UnusableSchema as exc:
                 return [(("tools",), str(exc))]
             if errors:
                 found.append((("calls", i, "arguments"), f"break the tool's own schema: "
@@ -239,7 +239,7 @@ class ToolCallVerifier(ReferenceShaped, Verifier):
         try:
             invalid = {i: schema_errors(c.arguments, schemas[c.name])
                        for i, c in enumerate(calls) if c.name in schemas}
-        except UnresolvableSchema as exc:
+        except UnusableSchema as exc:
             raise InvalidReference(f"tool_call: reference.tools: {exc}") from None
         invalid = {i: e for i, e in invalid.items() if e}
         detail["schema_errors"] = {str(i): e for i, e in invalid.items()}
@@ -321,7 +321,7 @@ class JsonSchemaReference(ReferenceModel):
             return []
         try:
             errors = schema_errors(self.expected, self.schema_)
-        except UnresolvableSchema as exc:
+        except UnusableSchema as exc:
             return [(("schema",), str(exc))]
         return [(("expected",), f"breaks the schema: {errors[0]}")] if errors else []
 
@@ -353,8 +353,9 @@ class JsonSchemaVerifier(ReferenceShaped, Verifier):
                                            f"params.json_schema: {errors[0]}")
             parts, detail = _json_parts(sample.completion, schema, ref.expected, has_expected,
                                         params)
-        except UnresolvableSchema as exc:
-            raise InvalidReference(f"json_schema: reference.schema: {exc}") from None
+        except UnusableSchema as exc:
+            where = "reference.schema" if params.json_schema is None else "params.json_schema"
+            raise InvalidReference(f"json_schema: {where}: {exc}") from None
         weights = params.weights.by_part()
         reward = _combine(parts, weights, params.reward)
         return Outcome.success(reward, parts=parts, weights=weights, **detail)

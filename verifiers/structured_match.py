@@ -23,7 +23,7 @@ import re
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import jsonschema
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import best_match
 from referencing.exceptions import Unresolvable
 
 StringMatch = Literal["exact", "bfcl"]
@@ -31,24 +31,14 @@ StringMatch = Literal["exact", "bfcl"]
 _BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 _BFCL_STRIP = re.compile(r"[ ,./\-_*^]")
 MAX_ERRORS = 5
+MAX_SCHEMA_CHARS = 65_536
+"""Largest schema accepted, as canonical JSON. Real tool and output schemas are a few KB;
+the bound keeps a request's schema from costing the API (which checks it) or a worker (which
+compiles its ``pattern`` regexes) more than a moment, and bounds the caches below."""
 _CACHE_SIZE = 512
 """Checked schemas and built validators kept per process, by the schema's canonical JSON: a
 group's rollouts share one reference, and a dataset reuses a few tool sets. Checking a schema
-against its metaschema costs about a millisecond, more than the validation itself. Schemas
-over :data:`_CACHED_CHARS` are checked every time: each cache holds at most 512 schemas of at
-most 64 KB."""
-_CACHED_CHARS = 65_536
-
-
-def _cached(function: Any) -> Any:
-    """``function`` (of a schema's canonical JSON) through an LRU cache, for small keys."""
-    cached = functools.lru_cache(maxsize=_CACHE_SIZE)(function)
-
-    def call(key: str) -> Any:
-        return cached(key) if len(key) <= _CACHED_CHARS else function(key)
-
-    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
-    return call
+against its metaschema costs about a millisecond, more than the validation itself."""
 
 
 def json_schema_types(schema: Any) -> Any:
@@ -71,29 +61,40 @@ def _key(schema: Any) -> str:
 
 
 def check_schema(schema: Any) -> str | None:
-    """Why ``schema`` is not a usable JSON Schema, or None."""
+    """Why ``schema`` is not a usable JSON Schema, or None.
+
+    Checked against its draft's metaschema *without* format assertions: with them the
+    ``regex`` format would compile every ``pattern`` of a request's schema here, in the API
+    process (a request's regex is only ever compiled and run in a worker, under its time
+    limit). A pattern that does not compile is found there: ``invalid_reference``."""
     if not isinstance(schema, (dict, bool)):
         return f"a JSON Schema is an object, not {type(schema).__name__}"
-    return _schema_problem(_key(schema))
+    key = _key(schema)
+    if len(key) > MAX_SCHEMA_CHARS:
+        return f"the schema is {len(key)} characters of JSON, over the limit of " \
+               f"{MAX_SCHEMA_CHARS}"
+    return _schema_problem(key)
 
 
-@_cached
+def _draft(schema: Any) -> Any:
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _schema_problem(key: str) -> str | None:
-    schema = json.loads(key)
-    try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator
-                                            ).check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path)
-        return f"not a valid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
-    return None
+    cls = _draft(json.loads(key))
+    meta = cls.META_SCHEMA
+    error = best_match(_draft(meta)(meta).iter_errors(json.loads(key)))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.path)
+    return f"not a valid JSON Schema{f' at {where}' if where else ''}: {error.message}"
 
 
-@_cached
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _validator(key: str) -> Any:
     schema = json.loads(key)
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator
-                                               )(schema)
+    return _draft(schema)(schema)
 
 
 def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -104,8 +105,9 @@ def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     return schema
 
 
-class UnresolvableSchema(ValueError):
-    """The schema refers to something that cannot be resolved (a remote ``$ref``)."""
+class UnusableSchema(ValueError):
+    """The schema cannot be applied: a ``$ref`` that does not resolve locally (a remote one),
+    or a ``pattern`` that is not a regular expression."""
 
 
 def schema_errors(instance: Any, schema: Any) -> list[str]:
@@ -115,8 +117,11 @@ def schema_errors(instance: Any, schema: Any) -> list[str]:
         errors = sorted(_validator(_key(schema)).iter_errors(instance),
                         key=lambda e: list(map(str, e.path)))
     except Unresolvable as exc:
-        raise UnresolvableSchema(f"the schema has a $ref that does not resolve locally: {exc}"
-                                 ) from None
+        raise UnusableSchema(f"the schema has a $ref that does not resolve locally: {exc}"
+                             ) from None
+    except re.error as exc:
+        raise UnusableSchema(f"the schema has a pattern that is not a regular expression: "
+                             f"{exc}") from None
     return [f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message[:200]}"
             for e in errors[:MAX_ERRORS]]
 

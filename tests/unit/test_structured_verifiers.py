@@ -262,6 +262,10 @@ def test_tools_without_expected_calls_score_validity() -> None:
     ({"possible_answer": [{"f": {"a": [1]}, "g": {}}]}, "exactly one function"),
     ({"tools": [{"name": "f", "parameters": {"$ref": "https://example.com/s.json"}}],
       "calls": [{"name": "f"}]}, "does not resolve"),
+    ({"tools": [{"name": "f", "parameters": {"properties": {"a": {"pattern": "("}}}}],
+      "calls": [{"name": "f", "arguments": {"a": "x"}}]}, "not a regular expression"),
+    ({"tools": [{"name": "f", "parameters": {"description": "x" * 70_000}}]},
+     "over the limit of 65536"),
 ])
 def test_bad_references_are_invalid_reference_naming_the_field(reference: dict[str, Any],
                                                                field: str) -> None:
