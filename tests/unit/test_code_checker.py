@@ -326,6 +326,24 @@ def test_cpp_checker_that_does_not_compile_fails_the_judge_once() -> None:
     assert executables.compiled == 1  # the error is cached too: no second compilation
 
 
+@pytest.mark.parametrize("level", ["namespaces", "none"])
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_checker_files_and_cached_executable_at_other_levels(level: str, language: str) -> None:
+    """The argument files (a private tmp under namespaces, a temporary directory without
+    isolation) and the cached executable work at every isolation level, not only full."""
+    executables.clear()
+    checker = parse_checker({"language": language, "code": PERMUTATION[language]})
+    cases = [Case(0, b"3\n", b"3 1 2\n", "2 3 1\n"), Case(1, b"3\n", b"1 2 3\n", "2 3 1\n")]
+    sandbox = Sandbox(level=level)
+    try:
+        for _ in range(2):  # the second time from the cache (C++)
+            got = check(checker, cases, Limits(), sandbox, stop_at_reject=False)
+            assert [got[0]["verdict"], got[1]["verdict"]] == ["passed", "wrong_answer"]
+    finally:
+        sandbox.close()
+    assert executables.compiled == (1 if language == "cpp" else 0)
+
+
 @pytest.mark.skipif(not HAVE_GXX, reason="g++ is not installed")
 def test_compile_past_its_time_limit_is_not_cached() -> None:
     """A compile error is cached; a compile cut short by its limit (a busy machine) is not:
