@@ -136,3 +136,52 @@ def compare(python: str, script: str, options: list[dict[str, Any]], folder: Pat
         Path(report, f"{Path(script).stem}.json").write_text(json.dumps(out, indent=1))
     print(table(out))
     return out
+
+
+NOISE_VALUES = [0.1, 0.2, 0.3, 0.7, 0.9, 1 / 3, 2 / 3, 0.15, 1.1, 2.3, -0.6, 0.05, 3.7, 7.1,
+                0.01, 0.99]
+
+
+def zero_spread_batches(seed: int = 5) -> dict[str, list[dict[str, Any]]]:
+    """Groups whose rollouts all have the same reward (no spread), of 2, 4, 8 and 16
+    rollouts: the values above (not exact in binary) and 48 random ones in [-3, 3]."""
+    rng = random.Random(seed)
+    values = NOISE_VALUES + [rng.uniform(-3, 3) for _ in range(48)]
+    out = {}
+    for size in (2, 4, 8, 16):
+        out[f"n{size}"] = [{"group": g, "reward": v, "mask": [1, 1, 1], "kl": [0.0] * 3,
+                            "values": [0.0] * 3, "components": [v, v]}
+                           for g, v in enumerate(values) for _ in range(size)]
+    return out
+
+
+def zero_spread_noise(python: str, script: str, options: list[dict[str, Any]], folder: Path
+                      ) -> dict[str, dict[str, float]]:
+    """Per option, the largest |advantage| on zero-spread groups: the trainer as it runs
+    (float32), the trainer's code in float64, and rewardd (exactly 0 by design)."""
+    from tests.trainers.conftest import SCRIPTS, run_script
+
+    data = zero_spread_batches()
+    path = write(folder / "noise.json", {"batches": data, "options": [
+        {k: v for k, v in o.items() if k not in ("spec", "inputs")} for o in options]})
+    runs = {}
+    for mode, extra in (("float32", ["native"]), ("float64", [])):
+        proc = run_script(python, [str(SCRIPTS / script), str(path), *extra], timeout_s=900)
+        runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, dict[str, float]] = {}
+    for option in options:
+        row: dict[str, float] = {}
+        for mode, theirs in runs.items():
+            row[mode] = max(deviation(rows, [[0.0] * len(r["mask"]) for r in rows],
+                                      theirs[option["name"]][name])
+                            for name, rows in data.items())
+        row["rewardd"] = max(deviation(rows, [[0.0] * len(r["mask"]) for r in rows],
+                                       rewardd_rows(rows, option["spec"],
+                                                    **option.get("inputs", {})))
+                             for rows in data.values())
+        out[option["name"]] = row
+    report = os.environ.get("REWARDD_PARITY_REPORT")
+    if report:
+        Path(report, f"{Path(script).stem}-noise.json").write_text(json.dumps(out, indent=1))
+    print(table(out))
+    return out

@@ -197,3 +197,16 @@ def test_every_openrlhf_option_matches_openrlhfs_own_code_in_float64(tmp_path):
                     equal_sizes=True)
     worst = {option: max(row.values()) for option, row in found.items()}
     assert all(value <= TOLERANCE for value in worst.values()), worst
+
+
+@pytest.mark.trainers
+@pytest.mark.timeout(900)
+def test_zero_spread_groups_are_exact_zeros_where_openrlhfs_float32_leaves_noise(tmp_path):
+    """Issue 16, item 5: rewardd's exact 0 for a group with no spread, against OpenRLHF's
+    code in float32 (as it runs) and in float64."""
+    from tests.trainers.parity import TOLERANCE, zero_spread_noise
+
+    options = [o for o in OPENRLHF_PARITY if o["name"] in ("group_norm", "rloo", "dr_grpo")]
+    found = zero_spread_noise(openrlhf_python(), "parity_openrlhf.py", options, tmp_path)
+    assert all(row["rewardd"] == 0.0 for row in found.values()), found
+    assert all(row["float64"] <= TOLERANCE for row in found.values()), found

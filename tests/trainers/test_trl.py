@@ -492,3 +492,17 @@ def test_every_trl_option_matches_trls_own_advantage_code_in_float64(trl_python,
     found = compare(trl_python, "parity_trl.py", TRL_PARITY, tmp_path, equal_sizes=True)
     worst = {option: max(row.values()) for option, row in found.items()}
     assert all(value <= TOLERANCE for value in worst.values()), worst
+
+
+def test_zero_spread_groups_are_exact_zeros_where_trls_float32_leaves_noise(trl_python,
+                                                                            tmp_path):
+    """Issue 16, item 5: rewardd's exact 0 for a group with no spread, against TRL's
+    advantage statements in float32 (as TRL runs them) and in float64."""
+    from tests.trainers.parity import TOLERANCE, zero_spread_noise
+
+    options = [o for o in TRL_PARITY if o["name"] in (
+        "grpo scale_rewards=group", "grpo scale_rewards=batch", "grpo scale_rewards=none",
+        "rloo")]
+    found = zero_spread_noise(trl_python, "parity_trl.py", options, tmp_path)
+    assert all(row["rewardd"] == 0.0 for row in found.values()), found
+    assert all(row["float64"] <= TOLERANCE for row in found.values()), found

@@ -1,7 +1,9 @@
 """OpenRLHF 0.11.2's own advantage code on the parity batches, in float64
 (tests/trainers/parity.py).
 
-    parity_openrlhf.py BATCHES.json      prints {option: {batch: [[advantage per token]]}}
+    parity_openrlhf.py BATCHES.json [native]   prints {option: {batch: [[advantage per token]]}}
+
+``native`` runs OpenRLHF's code unchanged in float32 (the zero-spread noise of issue 16, item 5).
 
 ``openrlhf.trainer.ppo_utils.experience_maker`` does not import in the ``--no-deps``
 environment (it imports ray), and ``openrlhf.models.utils`` imports peft through
@@ -32,6 +34,8 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 ROOT = Path(openrlhf.__file__).parent
 MAX_LEN = 12
+DTYPE = torch.float64
+"""float64, or the trainer's own float32 with ``native`` (the zero-spread noise of item 5)."""
 METHODS = ("compute_advantages_and_returns", "get_advantages_and_returns",
            "get_cumulative_returns")
 
@@ -47,7 +51,7 @@ def _functions(path: Path, names: tuple[str, ...], owner: str | None = None) -> 
     return found
 
 
-def load_maker() -> type:
+def load_maker(native: bool) -> type:
     """A class with OpenRLHF's three advantage methods, built from their installed source."""
     namespace: dict[str, Any] = {"torch": torch, "itertools": itertools, "List": List,
                                  "Tuple": Tuple, "apply_length_penalties": apply_length_penalties,
@@ -61,7 +65,8 @@ def load_maker() -> type:
                        type_params=[])
     source = ast.unparse(ast.Module(body=[cls], type_ignores=[]))
     assert source.count(".float()") == 1, "OpenRLHF's normalisation changed: review the patch"
-    source = source.replace(".float()", ".double()")
+    if not native:
+        source = source.replace(".float()", ".double()")
     exec(compile(source, "openrlhf/trainer/ppo_utils/experience_maker.py", "exec"), namespace)
     return namespace["Maker"]
 
@@ -72,16 +77,16 @@ def experiences(rows: list[dict[str, Any]]) -> list[SimpleNamespace]:
         index = list(part)
         n = len(index)
         mask = torch.zeros(n, MAX_LEN, dtype=torch.bool)
-        kl = torch.zeros(n, MAX_LEN, dtype=torch.float64)
-        values = torch.zeros(n, MAX_LEN, dtype=torch.float64)
+        kl = torch.zeros(n, MAX_LEN, dtype=DTYPE)
+        values = torch.zeros(n, MAX_LEN, dtype=DTYPE)
         for k, i in enumerate(index):
             length = len(rows[i]["mask"])
             mask[k, :length] = torch.tensor(rows[i]["mask"], dtype=torch.bool)
-            kl[k, :length] = torch.tensor(rows[i]["kl"], dtype=torch.float64)
-            values[k, :length] = torch.tensor(rows[i]["values"], dtype=torch.float64)
+            kl[k, :length] = torch.tensor(rows[i]["kl"], dtype=DTYPE)
+            values[k, :length] = torch.tensor(rows[i]["values"], dtype=DTYPE)
         out.append(SimpleNamespace(
             index=index, action_mask=mask, kl=kl, values=values, info={},
-            rewards=torch.tensor([rows[i]["reward"] for i in index], dtype=torch.float64)))
+            rewards=torch.tensor([rows[i]["reward"] for i in index], dtype=DTYPE)))
     return out
 
 
@@ -101,7 +106,7 @@ def run(maker_cls: type, option: dict[str, Any], rows: list[dict[str, Any]],
     done = maker.compute_advantages_and_returns(experiences(rows))
     out: list[list[float]] = [[] for _ in rows]
     for experience in done:
-        assert experience.advantages.dtype == torch.float64, experience.advantages.dtype
+        assert experience.advantages.dtype == DTYPE, experience.advantages.dtype
         for k, i in enumerate(experience.index):
             out[i] = experience.advantages[k].tolist()
     return out
@@ -109,10 +114,15 @@ def run(maker_cls: type, option: dict[str, Any], rows: list[dict[str, Any]],
 
 def main() -> None:
     data = json.loads(open(sys.argv[1]).read())
-    # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-    # would be float32: the whole run is float64, as the acceptance asks
-    torch.set_default_dtype(torch.float64)
-    maker_cls = load_maker()
+    global DTYPE
+    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    if native:
+        DTYPE = torch.float32
+    else:
+        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
+        # would be float32: the whole run is float64, as the acceptance asks
+        torch.set_default_dtype(torch.float64)
+    maker_cls = load_maker(native)
     out: dict[str, dict[str, Any]] = {}
     for option in data["options"]:
         out[option["name"]] = {}

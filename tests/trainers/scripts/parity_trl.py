@@ -1,6 +1,9 @@
 """TRL 1.16's own advantage code on the parity batches, in float64 (tests/trainers/parity.py).
 
-    parity_trl.py BATCHES.json      prints {option: {batch: [[advantage per token]]}}
+    parity_trl.py BATCHES.json [native]   prints {option: {batch: [[advantage per token]]}}
+
+``native`` runs TRL's statements in float32, as TRL does (the zero-spread noise of issue 16,
+item 5).
 
 GRPOTrainer and RLOOTrainer compute advantages inside ``_generate_and_score_completions``,
 between generation and the loss, so the code cannot be called on its own. The statements
@@ -9,8 +12,8 @@ are read from the installed trainer with ``ast`` at run time (never copied into 
 repository) and run as the body of a function whose ``self`` holds the config fields they
 read (scale_rewards, multi_objective_aggregation, reward_weights, normalize_advantages,
 reward_clip_range None, beta 0). ``rewards_per_func`` is what ``_calculate_rewards`` returns:
-one column per reward function, NaN where a function returned None; float64 here, so the
-statements compute in float64 with no edit. A row's advantage is TRL's per-completion scalar,
+one column per reward function, NaN where a function returned None; float64 here, with
+float64 as torch's default dtype, so the statements compute in float64 with no edit. A row's advantage is TRL's per-completion scalar,
 printed on every token position.
 """
 
@@ -29,6 +32,8 @@ import torch
 from trl.trainer import grpo_trainer, rloo_trainer
 
 MAX_LEN = 12
+DTYPE = torch.float64
+"""float64, or the trainer's own float32 with ``native`` (the zero-spread noise of item 5)."""
 
 
 def advantage_block(module: Any, cls_name: str) -> Any:
@@ -56,9 +61,9 @@ def advantage_block(module: Any, cls_name: str) -> Any:
 
 def rewards_per_func(rows: list[dict[str, Any]], components: bool) -> torch.Tensor:
     if not components:
-        return torch.tensor([[row["reward"]] for row in rows], dtype=torch.float64)
+        return torch.tensor([[row["reward"]] for row in rows], dtype=DTYPE)
     return torch.tensor([[math.nan if v is None else v for v in row["components"]]
-                         for row in rows], dtype=torch.float64)
+                         for row in rows], dtype=DTYPE)
 
 
 def run(blocks: dict[str, Any], option: dict[str, Any], rows: list[dict[str, Any]]
@@ -68,20 +73,25 @@ def run(blocks: dict[str, Any], option: dict[str, Any], rows: list[dict[str, Any
     self = SimpleNamespace(
         scale_rewards=option.get("scale_rewards", "group"),
         multi_objective_aggregation=option.get("aggregation", "sum_then_normalize"),
-        reward_weights=torch.tensor(weights, dtype=torch.float64),
+        reward_weights=torch.tensor(weights, dtype=DTYPE),
         reward_funcs=[None] * len(weights), normalize_advantages=option.get("normalize", False),
         reward_clip_range=None, beta=0.0)
     size = sum(1 for r in rows if r["group"] == rows[0]["group"])
     advantages = blocks[option["trl"]](self, rewards_per_func(rows, components), size, "cpu")
-    assert advantages.dtype == torch.float64, advantages.dtype
+    assert advantages.dtype == DTYPE, advantages.dtype
     return [[value] * MAX_LEN for value in advantages.tolist()]
 
 
 def main() -> None:
     data = json.loads(open(sys.argv[1]).read())
-    # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-    # would be float32: the whole run is float64, as the acceptance asks
-    torch.set_default_dtype(torch.float64)
+    global DTYPE
+    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    if native:
+        DTYPE = torch.float32
+    else:
+        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
+        # would be float32: the whole run is float64, as the acceptance asks
+        torch.set_default_dtype(torch.float64)
     blocks = {"grpo": advantage_block(grpo_trainer, "GRPOTrainer"),
               "rloo": advantage_block(rloo_trainer, "RLOOTrainer")}
     out = {option["name"]: {batch: run(blocks, option, rows)

@@ -1,6 +1,8 @@
 """verl 0.9.1's own estimators on the parity batches, in float64 (tests/trainers/parity.py).
 
-    parity_verl.py BATCHES.json      prints {option: {batch: [[advantage per token]]}}
+    parity_verl.py BATCHES.json [native]   prints {option: {batch: [[advantage per token]]}}
+
+``native`` runs verl as it is, in float32 (the zero-spread noise of issue 16, item 5).
 
 Each option calls the function verl's registry holds under that name
 (``core_algos.get_adv_estimator_fn``) with the inputs ``ray_trainer.compute_advantage`` gives
@@ -27,6 +29,8 @@ import verl.utils.groupwise as groupwise
 from verl.trainer.ppo import core_algos
 
 MAX_LEN = 12
+DTYPE = torch.float64
+"""float64, or the trainer's own float32 with ``native`` (the zero-spread noise of item 5)."""
 
 
 def float64_group_mean_std() -> None:
@@ -42,14 +46,14 @@ def float64_group_mean_std() -> None:
 
 def tensors(rows: list[dict[str, Any]], kl_coef: float) -> dict[str, Any]:
     n = len(rows)
-    mask = torch.zeros(n, MAX_LEN, dtype=torch.float64)
-    rewards = torch.zeros(n, MAX_LEN, dtype=torch.float64)
-    values = torch.zeros(n, MAX_LEN, dtype=torch.float64)
+    mask = torch.zeros(n, MAX_LEN, dtype=DTYPE)
+    rewards = torch.zeros(n, MAX_LEN, dtype=DTYPE)
+    values = torch.zeros(n, MAX_LEN, dtype=DTYPE)
     for i, row in enumerate(rows):
         length = len(row["mask"])
-        mask[i, :length] = torch.tensor(row["mask"], dtype=torch.float64)
-        values[i, :length] = torch.tensor(row["values"], dtype=torch.float64)
-        kl = torch.tensor(row["kl"], dtype=torch.float64) * mask[i, :length]
+        mask[i, :length] = torch.tensor(row["mask"], dtype=DTYPE)
+        values[i, :length] = torch.tensor(row["values"], dtype=DTYPE)
+        kl = torch.tensor(row["kl"], dtype=DTYPE) * mask[i, :length]
         rewards[i, :length] -= kl_coef * kl
         last = max(t for t, m in enumerate(row["mask"]) if m)
         rewards[i, last] += row["reward"]
@@ -74,16 +78,22 @@ def run(option: dict[str, Any], rows: list[dict[str, Any]]) -> list[list[float]]
     else:
         adv, _ = fn(t["token_level_rewards"], t["response_mask"], t["index"], epsilon=1e-6,
                     config=config)
-    assert adv.dtype == torch.float64, (name, adv.dtype)
+    assert adv.dtype == DTYPE, (name, adv.dtype)
     return adv.tolist()
 
 
 def main() -> None:
     data = json.loads(open(sys.argv[1]).read())
-    # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-    # would be float32: the whole run is float64, as the acceptance asks
-    torch.set_default_dtype(torch.float64)
-    float64_group_mean_std()
+    global DTYPE
+    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    if native:
+        DTYPE = torch.float32
+    else:
+        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
+        # would be float32: the whole run is float64, as the acceptance asks
+        torch.set_default_dtype(torch.float64)
+    if not native:
+        float64_group_mean_std()
     out = {option["name"]: {batch: run(option, rows) for batch, rows in data["batches"].items()}
            for option in data["options"]}
     print(json.dumps(out))
