@@ -35,7 +35,8 @@ from pydantic import Field, field_validator, model_validator
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.references import ReferenceModel, ReferenceShaped, StrictPart
 from rewardd.verifiers.structured_match import (StringMatch, UnusableSchema, arguments_match,
-                                                check_schema, json_schema_types, max_matching,
+                                                check_schema, choices, json_schema_types,
+                                                max_matching,
                                                 same, schema_errors, usable_schema)
 from rewardd.verifiers.structured_parse import (CONTAINERS, Call, Container, FormatError,
                                                 find_json, tool_calls)
@@ -72,7 +73,8 @@ class ToolCallReference(ReferenceModel):
     """The expected calls ([] expects none)."""
     possible_answer: list[dict[str, dict[str, list[Any]]]] | None = None
     """BFCL's ground truth instead: [{function: {argument: [acceptable values]}}]; "" among
-    the values makes the argument optional."""
+    the values makes the argument optional; an object-valued argument's acceptable values
+    are written the same way ({key: [acceptable values]}), as BFCL does."""
     tools: list[dict[str, Any]] | None = Field(None, max_length=1000)
     """The tools offered (OpenAI tool objects or BFCL function documents): their parameter
     schemas validate the arguments."""
@@ -135,7 +137,8 @@ class ToolCallReference(ReferenceModel):
             out = []
             for item in self.possible_answer:
                 [(name, args)] = item.items()
-                out.append((name, {k: [v for v in vs if v != ""] for k, vs in args.items()},
+                out.append((name, {k: [choices(v) for v in vs if v != ""]
+                                   for k, vs in args.items()},
                             {k for k, vs in args.items() if "" in vs}))
             return out
         return None

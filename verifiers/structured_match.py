@@ -147,8 +147,26 @@ def unordered(schema: Any) -> bool:
                                              or schema.get("x-unordered"))
 
 
+class Choices(dict):  # type: ignore[type-arg]
+    """An object in BFCL's possible-answer form: each key's acceptable values, ``""`` among
+    them meaning the key may be left out. BFCL writes nested objects this way too."""
+
+
+def choices(value: Any) -> Any:
+    """``value`` of a BFCL possible answer with every nested object made :class:`Choices`."""
+    if isinstance(value, list):
+        return [choices(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
+        return Choices({k: [choices(x) for x in vs] for k, vs in value.items()})
+    return value
+
+
 def same(value: Any, expected: Any, schema: Any = None, strings: StringMatch = "exact") -> bool:
     """Whether ``value`` equals ``expected`` by value (see the module docstring)."""
+    if isinstance(expected, Choices):
+        return isinstance(value, dict) and value.keys() <= expected.keys() and all(
+            any(same(value[k], v, _sub(schema, k), strings) for v in vs if v != "")
+            if k in value else "" in vs for k, vs in expected.items())
     if isinstance(expected, bool) or isinstance(value, bool):
         return type(value) is type(expected) and value == expected
     if isinstance(expected, (int, float)):

@@ -230,6 +230,23 @@ def test_bfcl_irrelevance_expects_no_call() -> None:
     assert called.reward == pytest.approx(0.2)
 
 
+def test_bfcl_nested_objects_and_lists_in_possible_answers() -> None:
+    # BFCL writes an object-valued argument as {key: [acceptable values]} too, and a
+    # list-valued one as a list of acceptable lists
+    ref = {"possible_answer": [{"book_hotel": {
+        "guest": [{"name": ["Ana", "Ana Lima"], "age": [30, ""]}],
+        "nights": [[1, 2], [2, 1]]}}]}
+    good = {"guest": {"name": "Ana Lima"}, "nights": [2, 1]}
+    assert tool(hermes({"name": "book_hotel", "arguments": good}), ref).reward == 1.0
+    for bad in ({"guest": {"name": "Bo"}, "nights": [1, 2]},           # not acceptable
+                {"guest": {"name": "Ana", "age": 31}, "nights": [1, 2]},
+                {"guest": {"name": "Ana", "vip": True}, "nights": [1, 2]},  # unknown key
+                {"guest": {"age": 30}, "nights": [1, 2]},              # name is required
+                {"guest": {"name": "Ana"}, "nights": [1, 3]}):
+        out = tool(hermes({"name": "book_hotel", "arguments": bad}), ref)
+        assert out.detail["parts"]["arguments"] == 0.0, bad
+
+
 def test_bfcl_string_matching_ignores_case_and_punctuation_when_asked() -> None:
     ref = {"calls": [{"name": "find", "arguments": {"city": "New York, NY"}}]}
     loose = hermes({"name": "find", "arguments": {"city": "new york ny"}})
