@@ -32,6 +32,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from rewardd.service.tenancy import Tenant
+from rewardd.workers import fairness
 
 LEASE_S = 30.0
 """How long a slot outlives the last renewal (a dead pod's slots free themselves then)."""
@@ -88,12 +89,17 @@ class Limiter(abc.ABC):
 
     @contextlib.asynccontextmanager
     async def hold(self, tenant: Tenant, slot: str | None = None) -> AsyncIterator[str]:
-        """Hold a slot for the duration of the block (429 via TenantBusy if none is free)."""
+        """Hold a slot for the duration of the block (429 via TenantBusy if none is free).
+
+        The block is also one *flow* of the executors' fair queue
+        (:mod:`rewardd.workers.fairness`, flow id = the slot id): every request holding a
+        slot gets an equal share of the verifier workers, whatever its size."""
         slot = slot or uuid.uuid4().hex
         await self.admit(tenant, slot)
         renew = asyncio.create_task(self.keep(tenant, slot))
         try:
-            yield slot
+            with fairness.flow(tenant.name, slot):
+                yield slot
         finally:
             renew.cancel()
             with contextlib.suppress(Exception):

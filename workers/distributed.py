@@ -22,6 +22,14 @@ each). Idle, it costs nothing. The alternative, ``AsyncResult.get()`` in threads
 a thread per pending call (thousands for one big batch) or serialize them; subscribing to
 Celery's result pub/sub channels would save the polling but lose results published while
 (re)subscribing.
+
+Fairness between requests: publishing every task of a batch at once would queue a big
+request's tasks in the broker's list (first in, first out) ahead of every later request's.
+So each Celery queue has a *window* (REWARDD_DISPATCH_WINDOW, default two tasks per worker
+slot of the queue): tasks beyond it wait in the API process's fair queue
+(:mod:`rewardd.workers.fairness`, one flow per request) and are published as earlier tasks
+settle. The window is per API process: with several API pods the broker holds up to one
+window per pod. A task's deadline still starts when it is published.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ from rewardd.workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, 
                                 task_time_limits)
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
+from rewardd.workers.fairness import (DEFAULT_FLOW, FairQueue, Flow, QueueClosed, Ticket,
+                                      current_flow)
 from rewardd.workers.packing import Pack, pack_target, plan
 from rewardd.workers.routing import DEFAULT_QUEUE, Router
 
@@ -94,6 +104,15 @@ kombu and redis-py on a small VM, 0.6 ms without pipelines, which is why one tas
 whole group)."""
 
 REDELETE_AFTER_S = 2.0
+
+WINDOW_PER_SLOT = 2
+"""Default window of a queue: tasks in the broker per worker slot that consumes it (one
+running, one ready to start when it finishes, so a slot never waits for the API's poll and
+publish round trip). The other tasks wait in the API's fair queue, where a new request's
+first task goes ahead of a big request's remainder: it waits behind at most the window."""
+
+DEFAULT_WINDOW = 8
+"""Window of a queue before the first worker census (or when it found no worker for it)."""
 
 
 class _Marker:
@@ -143,6 +162,17 @@ class _Waiter:
             self.future.set_result(value)
 
 
+@dataclass(eq=False, slots=True)
+class _Queued:
+    """One task on its way through its queue's fair queue, the outbox and the broker."""
+
+    task_id: str
+    pack: Pack
+    future: asyncio.Future
+    queue: str
+    ticket: Ticket[Any] | None = None
+
+
 class CeleryExecutor(Executor):
     """Publishes each call to its verifier's queue and awaits the results in Redis.
 
@@ -177,6 +207,11 @@ class CeleryExecutor(Executor):
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="rewardd-celery-io")
         self._poll_io = ThreadPoolExecutor(1, thread_name_prefix="rewardd-celery-poll")
         self._waiters: dict[str, _Waiter] = {}
+        self._fair: dict[str, FairQueue[_Queued]] = {}
+        """Per Celery queue, the tasks beyond its window, waiting fairly per flow."""
+        self._outbox: list[_Queued] = []
+        """Admitted tasks the publisher task has yet to send."""
+        self._publisher: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.Task | None = None
         self._chunk_sizes: dict[float, int] = {}
@@ -198,11 +233,20 @@ class CeleryExecutor(Executor):
         so a batch of thousands of groups costs the loop no more than the results themselves.
         A task that failed as a whole is replayed one sample per task at once.
 
+        The calls are one flow (:func:`~rewardd.workers.fairness.current_flow`: the request
+        the service is serving). At most a window of tasks per Celery queue is in the broker
+        (:meth:`_window`); the others wait in the API's fair queue of that Celery queue, and
+        each task whose result is read (or that fails, expires or is abandoned) lets the
+        next ones out, several at once as one batch.
+
         Cancelled (a cancelled job): the calls' waiters are dropped at once and their tasks
         revoked (:meth:`_abandon`), so workers skip those still queued; running ones finish
         and their results expire unread (REWARDD_RESULT_TTL_S)."""
         loop = asyncio.get_running_loop()
+        flow = current_flow()
         packs = self._plan(calls)
+        self._bind_loop()
+        self._refresh_windows()
         items: list[list[ItemResult | None]] = [[None] * len(call.samples) for call in calls]
         samples_left = [len(call.samples) for call in calls]
         replayed = [False] * len(calls)
@@ -247,11 +291,11 @@ class CeleryExecutor(Executor):
                 replayed[part.call_index] = True
             metrics.TASK_RETRIES.labels(self.router.queue_for(packs[index].verifier),
                                         "replay").inc()
-            task = loop.create_task(self._replay(packs[index]))
+            task = loop.create_task(self._replay(packs[index], flow))
             replays.add(task)
             task.add_done_callback(functools.partial(replay_done, index))
 
-        futures = await self._submit(packs)
+        futures = self._submit(packs, flow)
         for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(settled, index))
         try:
@@ -284,9 +328,9 @@ class CeleryExecutor(Executor):
         return plan(calls, self._max_samples, targets,
                     lambda samples, timeout_s: group_timeout_s(samples, timeout_s, self.settings))
 
-    async def _replay(self, pack: Pack) -> list[ItemResult]:
-        """Every sample of ``pack`` as its own task (never replayed again)."""
-        singles = await self._submit([pack.one(i) for i in range(len(pack.samples))])
+    async def _replay(self, pack: Pack, flow: Flow) -> list[ItemResult]:
+        """Every sample of ``pack`` as its own task (never replayed again), in the flow."""
+        singles = self._submit([pack.one(i) for i in range(len(pack.samples))], flow)
         return [single[0] for single in await asyncio.gather(*singles)]
 
     def _max_samples(self, timeout_s: float) -> int:
@@ -297,57 +341,134 @@ class CeleryExecutor(Executor):
                                                                        self.settings)
         return size
 
-    async def _submit(self, calls: Sequence[Pack]) -> list[asyncio.Future]:
-        """Publish the tasks (one batch, off the event loop); each future gives one
-        ItemResult per sample, or None when a task of several samples must be replayed."""
+    def _submit(self, calls: Sequence[Pack], flow: Flow = DEFAULT_FLOW) -> list[asyncio.Future]:
+        """Queue the tasks in their Celery queue's fair queue as one flow; those within the
+        queue's window are published at once (one batch, off the event loop), the others as
+        earlier tasks settle. Each future gives one ItemResult per sample, or None when a
+        task of several samples must be replayed. Cancelling a future drops its task from the
+        fair queue, or frees its place in the window (the task is revoked by :meth:`run`)."""
         loop = self._bind_loop()
         futures: list[asyncio.Future] = []
-        jobs: list[tuple[str, Pack, asyncio.Future]] = []
+        admitted: list[Ticket[_Queued]] = []
         for call in calls:
             fut = loop.create_future()
             futures.append(fut)
             if not call.samples:
                 fut.set_result([])
-            elif self._closed:
+                continue
+            if self._closed:
                 fut.set_result(_all_failed(call, _unavailable("executor closed"), 0.0))
-            else:
-                jobs.append((uuid(), call, fut))
-        broker_down: Exception | None = None
-        for start in range(0, len(jobs), PUBLISH_SLICE):
-            part = jobs[start:start + PUBLISH_SLICE]
-            sent = time.monotonic()
-            if broker_down is not None:  # do not wait out the publish retries again
-                errors: dict[str, Exception] = {task_id: broker_down for task_id, _, _ in part}
-            else:
-                try:
-                    errors = await loop.run_in_executor(
-                        self._io, self._publish, [(task_id, call) for task_id, call, _ in part])
-                except asyncio.CancelledError:  # the caller was cancelled while publishing
-                    for fut in futures:
-                        fut.cancel()
-                    self._abandon([task_id for task_id, _, _ in jobs[start:]])
-                    raise
-                except Exception as exc:  # the I/O pool shut down under us (closing)
-                    errors = {task_id: exc for task_id, _, _ in part}
-                broker_down = next((e for e in errors.values()
-                                    if isinstance(e, OperationalError)), None)
-            started = time.monotonic()
-            for task_id, call, fut in part:
-                error = errors.get(task_id)
-                queue = self.router.queue_for(call.verifier)
-                if isinstance(error, _Unsendable):  # the payload's fault, never retried
-                    fut.set_result(_refused(call, error.cause))
-                    continue
-                if error is not None:
-                    metrics.TASKS.labels(queue, "unavailable").inc()
-                    fut.set_result(_all_failed(call, _unavailable(
-                        f"could not send the call to the broker: {type(error).__name__}: "
-                        f"{error}"), 0.0))
-                    continue
-                limit = self.settings.queue_timeout_s + task_time_limits(call)[1]
-                self._watch(task_id, fut, started + limit + DEADLINE_SLACK_S,
-                            _mapper(call, started, limit), queue, call.verifier, sent)
+                continue
+            queue = self.router.queue_for(call.verifier)
+            entry = _Queued(uuid(), call, fut, queue)
+            try:
+                entry.ticket, now = self._fair_queue(queue).submit(flow, len(call.samples),
+                                                                   entry)
+            except QueueClosed:
+                fut.set_result(_all_failed(call, _unavailable("executor closed"), 0.0))
+                continue
+            admitted.extend(now)
+            fut.add_done_callback(functools.partial(self._leave, entry))
+        self._publish_soon(admitted)
         return futures
+
+    # ---- the window: tasks in the broker per queue, the rest in the fair queue -----------
+
+    def _window(self, queue: str) -> int:
+        """Tasks of ``queue`` in the broker at most: REWARDD_DISPATCH_WINDOW when set (0:
+        no bound), else :data:`WINDOW_PER_SLOT` per worker slot of the queue at the last
+        census, else :data:`DEFAULT_WINDOW`."""
+        if self.settings.dispatch_window is not None:
+            return self.settings.dispatch_window
+        slots = self.slots_by_queue().get(queue)
+        return WINDOW_PER_SLOT * slots if slots else DEFAULT_WINDOW
+
+    def _fair_queue(self, queue: str) -> FairQueue[_Queued]:
+        fair = self._fair.get(queue)
+        if fair is None:
+            fair = self._fair[queue] = FairQueue(self._window(queue))
+        return fair
+
+    def _refresh_windows(self) -> None:
+        """Follow the census: a queue whose window grew publishes what it now admits."""
+        for queue, fair in list(self._fair.items()):
+            window = self._window(queue)
+            if window != fair.capacity:
+                self._publish_soon(fair.set_capacity(window))
+
+    def _leave(self, entry: _Queued, future: asyncio.Future) -> None:
+        """In the loop, once the task's future is done (result read, typed failure, expired,
+        abandoned, executor closed): free its place in the window exactly once, or drop it
+        from the fair queue when it was still waiting (its caller was cancelled), and
+        publish what that admits."""
+        fair = self._fair.get(entry.queue)
+        if fair is None or entry.ticket is None:  # the queues were reset (a new loop)
+            return
+        if not fair.cancel(entry.ticket):
+            self._publish_soon(fair.release(entry.ticket))
+
+    def _publish_soon(self, admitted: list[Ticket[_Queued]]) -> None:
+        """Publish ``admitted`` from the publisher task: releases of one poll tick add up in
+        the outbox and go out together, :data:`PUBLISH_SLICE` at a time."""
+        if not admitted:
+            return
+        self._outbox.extend(ticket.item for ticket in admitted)
+        if self._publisher is None or self._publisher.done():
+            loop = self._loop or asyncio.get_running_loop()
+            self._publisher = loop.create_task(self._drain_outbox())
+
+    async def _drain_outbox(self) -> None:
+        broker_down: Exception | None = None
+        while self._outbox:
+            part = [entry for entry in self._outbox[:PUBLISH_SLICE] if not entry.future.done()]
+            del self._outbox[:PUBLISH_SLICE]
+            if part:
+                broker_down = await self._send(part, broker_down)
+
+    async def _send(self, part: list[_Queued],
+                    broker_down: Exception | None) -> Exception | None:
+        """Publish one slice and watch its results; returns the broker's connection error
+        when it was unreachable (the rest of the outbox then fails without waiting out the
+        publish retries again)."""
+        loop = asyncio.get_running_loop()
+        sent = time.monotonic()
+        if self._closed:
+            errors: dict[str, Exception] = {e.task_id: RuntimeError("executor closed")
+                                            for e in part}
+        elif broker_down is not None:
+            errors = {entry.task_id: broker_down for entry in part}
+        else:
+            try:
+                errors = await loop.run_in_executor(
+                    self._io, self._publish, [(entry.task_id, entry.pack) for entry in part])
+            except Exception as exc:  # the I/O pool shut down under us (closing)
+                errors = {entry.task_id: exc for entry in part}
+            broker_down = next((e for e in errors.values()
+                                if isinstance(e, OperationalError)), None)
+        started = time.monotonic()  # deadlines start at publish
+        abandoned: list[str] = []
+        for entry in part:
+            call, fut, task_id = entry.pack, entry.future, entry.task_id
+            error = errors.get(task_id)
+            if fut.done():  # its caller was cancelled while the slice was being sent
+                if error is None:
+                    abandoned.append(task_id)
+                continue
+            if isinstance(error, _Unsendable):  # the payload's fault, never retried
+                fut.set_result(_refused(call, error.cause))
+                continue
+            if error is not None:
+                metrics.TASKS.labels(entry.queue, "unavailable").inc()
+                fut.set_result(_all_failed(call, _unavailable(
+                    f"could not send the call to the broker: {type(error).__name__}: "
+                    f"{error}"), 0.0))
+                continue
+            limit = self.settings.queue_timeout_s + task_time_limits(call)[1]
+            self._watch(task_id, fut, started + limit + DEADLINE_SLACK_S,
+                        _mapper(call, started, limit), entry.queue, call.verifier, sent)
+        if abandoned:
+            self._abandon(abandoned)
+        return broker_down
 
     def _publish(self, jobs: list[tuple[str, Pack]]) -> dict[str, Exception]:
         """In an I/O thread: one task per call on one producer connection, sent in Redis
@@ -426,6 +547,9 @@ class CeleryExecutor(Executor):
             self._loop = loop
             self._waiters = {}
             self._poller = None
+            self._fair = {}
+            self._outbox = []
+            self._publisher = None
         return loop
 
     def _watch(self, task_id: str, future: asyncio.Future, deadline: float,
@@ -551,6 +675,17 @@ class CeleryExecutor(Executor):
         except Exception:  # queued tasks then run and their results expire unread
             log.warning("could not revoke %d tasks of a cancelled run", len(task_ids),
                         exc_info=True)
+
+    def _close_queues(self) -> None:
+        """Closing: the tasks still waiting in the fair queues or the outbox settle
+        ``unavailable`` (never published)."""
+        waiting = [ticket.item for fair in self._fair.values() for ticket in fair.close()]
+        waiting.extend(self._outbox)
+        self._outbox = []
+        for entry in waiting:
+            if not entry.future.done():
+                entry.future.set_result(_all_failed(entry.pack, _unavailable(
+                    "executor closed (the server is shutting down)"), 0.0))
 
     def _settle_all(self, marker: _Marker) -> None:
         waiters, self._waiters = list(self._waiters.values()), {}
@@ -709,6 +844,7 @@ class CeleryExecutor(Executor):
             "result_backend": redact_url(self.settings.result_backend_url),
             "queues": self.router.queues,
             "pending_calls": len(self._waiters),
+            "fair_queue": {queue: fair.stats() for queue, fair in self._fair.items()},
             "workers": None,
         }
         if self._census is not None and self._census_at is not None:
@@ -726,10 +862,12 @@ class CeleryExecutor(Executor):
         if loop is not None and not loop.is_closed():
             marker = _Unavailable("executor closed")
             if _in_thread_of(loop):
+                self._close_queues()
                 self._settle_all(marker)
                 if self._poller is not None:
                     self._poller.cancel()
             elif loop.is_running():
+                loop.call_soon_threadsafe(self._close_queues)
                 loop.call_soon_threadsafe(self._settle_all, marker)
         self._io.shutdown(wait=False, cancel_futures=True)
         self._poll_io.shutdown(wait=False, cancel_futures=True)

@@ -34,12 +34,15 @@ probe; it is replaced by a new pool at once, the calls it held settle as ``unava
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import multiprocessing
 import pickle
 import threading
 import time
 from concurrent.futures import CancelledError, TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import pebble
@@ -48,6 +51,8 @@ from pebble.common import ProcessExpired
 from rewardd.verifiers.base import FailureKind, Outcome
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
+from rewardd.workers.fairness import (DEFAULT_FLOW, FairQueue, Flow, QueueClosed, Ticket,
+                                      current_flow)
 from rewardd.workers.tasks import init_worker, ping_task, verify_group_task
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,26 @@ thread per tick: microseconds)."""
 
 START_SLICE = 256
 """Calls started per turn of the event loop (see :meth:`EmbeddedExecutor.run`)."""
+
+IN_PEBBLE_PER_WORKER = 128
+"""Samples handed to pebble per worker at most (the fair queue's capacity, counted in
+samples, is ``pool_size`` times this); the others wait in the fair queue. So a new request's
+first call starts after at most two chunks' worth of checks per worker.
+
+Why samples and this many. A finished call frees its place in the event loop (one hop,
+which the result needed anyway: settling there costs one ``call_soon_threadsafe`` per call,
+as before this queue; freeing it in pebble's result thread instead measured more API CPU per
+call) and the next call then crosses pebble's scheduler thread to a worker: milliseconds on a
+loaded machine, while a check of a cheap verifier takes microseconds. Bounded in calls, at
+``pool_size`` or twice that, the workers idled through those hops (single-tenant throughput
+of one-sample ``exact_match`` calls fell by about half); bounded in samples, each worker has
+about 128 checks queued, many cheap calls or two 64-sample chunks, which covers the hop."""
+
+CHUNK_SAMPLES = 64
+"""Most samples of one pebble task (a bigger call of a verifier that is not group-level is
+split): a worker is never held by one call for more than 64 checks, so a waiting flow's turn
+comes within one chunk of the calls running. The same bound as a Celery task's
+(REWARDD_TASK_MAX_SAMPLES). Each chunk is replayed on its own."""
 
 
 def _context(plugins: Sequence[str]) -> Any:
@@ -108,6 +133,21 @@ def run_sealed(args: tuple[Any, ...] | Refused) -> list[dict[str, Any]]:
     return verify_group_task(*args)
 
 
+@dataclass(eq=False, slots=True)
+class _Task:
+    """One call on its way through the fair queue and pebble."""
+
+    call: VerifyCall
+    result: asyncio.Future
+    ticket: Ticket[Any] | None = None
+    pool: pebble.ProcessPool | None = None
+    fut: Any = None
+    """pebble's future, once scheduled."""
+    started: float = 0.0
+    dropped: bool = False
+    """Its caller was cancelled: not to be started, or to be cancelled in pebble."""
+
+
 class EmbeddedExecutor(Executor):
     """A pebble ProcessPool of ``pool_size`` workers; one task per call (one group).
 
@@ -134,8 +174,13 @@ class EmbeddedExecutor(Executor):
         self.fault: str | None = None
         self._closed = False
         self._pool = self._new_pool()
-        self._pending: dict[asyncio.Future, tuple[pebble.ProcessPool, VerifyCall]] = {}
-        """Every call not yet settled, with the pool that holds it."""
+        self._lock = threading.Lock()
+        self._pending: dict[asyncio.Future, _Task] = {}
+        """Every call in pebble and not yet settled (guarded by ``_lock``: the result
+        thread starts calls too)."""
+        self._fair: FairQueue[_Task] = FairQueue(pool_size * IN_PEBBLE_PER_WORKER,
+                                                 by_cost=True)
+        """Calls beyond ``pool_size`` wait here, fairly per flow (:mod:`~rewardd.workers.fairness`)."""
         self._watchdog: asyncio.Task | None = None
 
     def _new_pool(self) -> pebble.ProcessPool:
@@ -145,16 +190,23 @@ class EmbeddedExecutor(Executor):
     async def run(self, calls: Sequence[VerifyCall],
                   progress: ProgressCallback | None = None,
                   on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
-        """Cancelling the caller cancels every pending pebble task: queued ones are dropped,
-        and a running one has its worker stopped and replaced (pebble), so a cancelled job
-        frees the pool at once; the pool itself keeps serving.
+        """Cancelling the caller drops its calls still waiting in the fair queue and cancels
+        its pebble tasks (a running one has its worker stopped and replaced by pebble), so a
+        cancelled job frees the pool at once; the pool itself keeps serving.
+
+        The calls are one flow (:func:`~rewardd.workers.fairness.current_flow`: the request
+        the service is serving); at most ``pool_size`` calls of all flows are in pebble at
+        once, the others wait in the fair queue. A call of more than :data:`CHUNK_SAMPLES`
+        samples of a verifier that is not group-level runs as several chunks.
 
         The calls start :data:`START_SLICE` at a time with a turn of the event loop between
         slices: starting 10^5 at once queued 10^5 callbacks ahead of every other request."""
+        flow = current_flow()
         tasks: list[asyncio.Task[CallResult]] = []
         try:
             for start in range(0, len(calls), START_SLICE):
-                tasks.extend(asyncio.ensure_future(self._run(call, progress, on_call_done, i))
+                tasks.extend(asyncio.ensure_future(self._run(call, progress, on_call_done, i,
+                                                             flow))
                              for i, call in enumerate(calls[start:start + START_SLICE], start))
                 await asyncio.sleep(0)
             return list(await asyncio.gather(*tasks))
@@ -164,56 +216,120 @@ class EmbeddedExecutor(Executor):
             raise
 
     async def _run(self, call: VerifyCall, progress: ProgressCallback | None,
-                   on_call_done: CallDoneCallback | None = None, index: int = 0) -> CallResult:
+                   on_call_done: CallDoneCallback | None = None, index: int = 0,
+                   flow: Flow = DEFAULT_FLOW) -> CallResult:
         loop = asyncio.get_running_loop()
-        items = await self._submit(loop, call)
-        replayed = items is None
-        if items is None:
-            singles = await asyncio.gather(*(self._submit(loop, call.one(i))
-                                             for i in range(len(call.samples))))
-            items = [single[0] for single in singles]  # one-sample calls never need replay
+        pieces = chunks(call)
+        parts = ([await self._run_chunk(loop, call, flow)] if len(pieces) == 1 else
+                 await asyncio.gather(*(self._run_chunk(loop, piece, flow) for piece in pieces)))
+        items = [item for part_items, _ in parts for item in part_items]
         if progress is not None:
             progress(len(call.samples))
-        result = CallResult(items, replayed)
+        result = CallResult(items, any(replayed for _, replayed in parts))
         if on_call_done is not None:
             on_call_done(index, result)
         return result
 
-    def _submit(self, loop: asyncio.AbstractEventLoop,
-                call: VerifyCall) -> asyncio.Future[list[ItemResult] | None]:
-        """Schedule one call; the future gives one ItemResult per sample, or None when a
-        call of several samples was killed or its worker died and must be replayed."""
+    async def _run_chunk(self, loop: asyncio.AbstractEventLoop, call: VerifyCall,
+                         flow: Flow) -> tuple[list[ItemResult], bool]:
+        """One chunk, replayed one sample per call when it was killed or its worker died."""
+        items = await self._submit(loop, call, flow)
+        if items is not None:
+            return items, False
+        singles = await asyncio.gather(*(self._submit(loop, call.one(i), flow)
+                                         for i in range(len(call.samples))))
+        return [single[0] for single in singles], True  # one-sample calls never replay
+
+    def _submit(self, loop: asyncio.AbstractEventLoop, call: VerifyCall,
+                flow: Flow = DEFAULT_FLOW) -> asyncio.Future[list[ItemResult] | None]:
+        """Queue one call in the fair queue; the future gives one ItemResult per sample, or
+        None when a call of several samples was killed or its worker died and must be
+        replayed. Cancelling the future drops the call (waiting) or its pebble task."""
         result: asyncio.Future[list[ItemResult] | None] = loop.create_future()
         if not call.samples:
             result.set_result([])
             return result
-        pool = self._live_pool()
+        task = _Task(call, result)
+        self._live_pool()  # every new call checks the pool (module docstring)
         try:
-            fut = pool.schedule(run_sealed, args=(_Sealed(call),),
-                                timeout=call.hard_limit_s())
-        except RuntimeError as exc:  # pool closed or broken
-            result.set_result(_all_failed(call, Outcome.failure(
-                FailureKind.unavailable, f"executor not running: {exc}"), 0.0))
+            task.ticket, admitted = self._fair.submit(flow, len(call.samples), task)
+        except QueueClosed:
+            result.set_result(_all_failed(call, _closed_outcome(), 0.0))
             return result
-        started = time.perf_counter()
-        self._pending[result] = (pool, call)
         self._watch(loop)
+        result.add_done_callback(functools.partial(self._forget, task))
+        self._start(admitted)
+        return result
 
-        def settle(done: Any) -> None:
-            items = _to_items(done, call, time.perf_counter() - started)
+    def _start(self, admitted: list[Ticket[_Task]]) -> None:
+        """Hand admitted calls to pebble; from the loop or pebble's result thread."""
+        todo = collections.deque(admitted)
+        while todo:
+            ticket = todo.popleft()
+            task = ticket.item
+            task.ticket = ticket  # (another thread may start it before submit() returned)
+            with self._lock:
+                dropped = task.dropped
+            if dropped:  # its caller gave up between admission and now
+                todo.extend(self._fair.release(ticket))
+                continue
+            pool = self._pool
             try:
-                loop.call_soon_threadsafe(_set_if_pending, result, items)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
-
-        def forget(done: asyncio.Future) -> None:
-            self._pending.pop(done, None)
-            if done.cancelled():  # a cancelled job: drop or stop the pebble task
+                fut = pool.schedule(run_sealed, args=(_Sealed(task.call),),
+                                    timeout=task.call.hard_limit_s())
+            except RuntimeError as exc:  # pool closed or broken
+                todo.extend(self._settle(task, _all_failed(task.call, Outcome.failure(
+                    FailureKind.unavailable, f"executor not running: {exc}"), 0.0)))
+                continue
+            task.started = time.perf_counter()
+            with self._lock:
+                task.pool, task.fut = pool, fut
+                self._pending[task.result] = task
+                dropped = task.dropped
+            fut.add_done_callback(functools.partial(self._done, task))
+            if dropped:
                 fut.cancel()
 
-        fut.add_done_callback(settle)
-        result.add_done_callback(forget)
-        return result
+    def _done(self, task: _Task, done: Any) -> None:
+        """pebble's result thread: map the outcome, then settle the call, free its slot and
+        start the next calls in the loop, with one hop (see :data:`IN_PEBBLE_PER_WORKER`)."""
+        items = _to_items(done, task.call, time.perf_counter() - task.started)
+        try:
+            task.result.get_loop().call_soon_threadsafe(self._done_in_loop, task, items)
+        except RuntimeError:  # the loop is closed: nobody waits, but free the slot
+            self._start(self._settle(task, items))
+
+    def _done_in_loop(self, task: _Task, items: list[ItemResult] | None) -> None:
+        with self._lock:
+            self._pending.pop(task.result, None)
+        _set_if_pending(task.result, items)
+        if task.ticket is not None:
+            self._start(self._fair.release(task.ticket))
+
+    def _settle(self, task: _Task, items: list[ItemResult] | None) -> list[Ticket[_Task]]:
+        """Settle ``task`` (from any thread) and release its slot: exactly once, whichever
+        of pebble's callback, a pool rebuild or the executor's close gets there first (the
+        future keeps the first value). Returns the calls this admits, for :meth:`_start`."""
+        with self._lock:
+            self._pending.pop(task.result, None)
+        try:
+            task.result.get_loop().call_soon_threadsafe(_set_if_pending, task.result, items)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+        return self._fair.release(task.ticket) if task.ticket is not None else []
+
+    def _forget(self, task: _Task, done: asyncio.Future) -> None:
+        """In the loop, once the call's future is done: a cancelled caller drops the call
+        from the fair queue, or cancels its pebble task (whose callback, or a rebuild of a
+        dead pool, frees the slot)."""
+        if not done.cancelled():
+            return
+        with self._lock:
+            task.dropped = True
+            fut = task.fut
+        if task.ticket is not None and not self._fair.cancel(task.ticket) \
+                and fut is not None:
+            fut.cancel()
 
     def _live_pool(self) -> pebble.ProcessPool:
         """The pool, replaced first when it is dead (a pebble thread gone, or the pool marked
@@ -237,15 +353,16 @@ class EmbeddedExecutor(Executor):
         return self._pool
 
     def _settle_pending(self, outcome: Outcome, pool: pebble.ProcessPool | None = None) -> None:
-        """Settle the pending calls (of ``pool`` only, when given) with ``outcome``; from any
-        thread of the loop's, through the futures' own loops."""
-        for result, (owner, call) in list(self._pending.items()):
-            if pool is None or owner is pool:
-                try:
-                    result.get_loop().call_soon_threadsafe(_set_if_pending, result,
-                                                           _all_failed(call, outcome, 0.0))
-                except RuntimeError:  # its loop is closed: nobody waits any more
-                    pass
+        """Settle the calls in pebble (of ``pool`` only, when given) with ``outcome`` and
+        free their slots (a dead pool never calls back); from any thread, through the
+        futures' own loops. The calls this admits go to the current pool."""
+        with self._lock:
+            tasks = [task for task in self._pending.values()
+                     if pool is None or task.pool is pool]
+        admitted: list[Ticket[_Task]] = []
+        for task in tasks:
+            admitted.extend(self._settle(task, _all_failed(task.call, outcome, 0.0)))
+        self._start(admitted)
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Keep the watchdog running while calls are pending on ``loop``."""
@@ -254,7 +371,7 @@ class EmbeddedExecutor(Executor):
             self._watchdog = loop.create_task(self._watch_pool())
 
     async def _watch_pool(self) -> None:
-        while self._pending and not self._closed:
+        while (self._pending or self._fair.waiting) and not self._closed:
             await asyncio.sleep(WATCH_EVERY_S)
             self._live_pool()
 
@@ -283,13 +400,15 @@ class EmbeddedExecutor(Executor):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "pool_size": self.pool_size, "active": self._pool.active,
-                "rebuilds": self.rebuilds, "fault": self.fault}
+                "rebuilds": self.rebuilds, "fault": self.fault, "fair_queue": self._fair.stats()}
 
     def close(self) -> None:
-        """Stop the workers; calls still pending settle as ``unavailable`` at once."""
+        """Stop the workers; calls still pending or waiting settle as ``unavailable`` at once."""
         self._closed = True
-        self._settle_pending(Outcome.failure(FailureKind.unavailable, "executor closed (the "
-                                             "server is shutting down)"))
+        for ticket in self._fair.close():
+            ticket.item.ticket = ticket
+            self._settle(ticket.item, _all_failed(ticket.item.call, _closed_outcome(), 0.0))
+        self._settle_pending(_closed_outcome())
         self._pool.stop()
         self._pool.join(timeout=10)
 
@@ -312,6 +431,21 @@ def _dispose(pool: pebble.ProcessPool) -> None:
         pool.join()
     except Exception:  # a half-dead pool: its daemon threads end with the process
         log.exception("embedded executor: could not stop a dead pool cleanly")
+
+
+def _closed_outcome() -> Outcome:
+    return Outcome.failure(FailureKind.unavailable, "executor closed (the server is shutting "
+                           "down)")
+
+
+def chunks(call: VerifyCall, size: int | None = None) -> list[VerifyCall]:
+    """``call`` as calls of at most ``size`` (:data:`CHUNK_SAMPLES`) samples, in order, so no
+    single call holds a worker for long; a group-level verifier's call stays whole."""
+    size = size or CHUNK_SAMPLES
+    if len(call.samples) <= size or keeps_group_whole(call.verifier):
+        return [call]
+    return [replace(call, samples=call.samples[start:start + size])
+            for start in range(0, len(call.samples), size)]
 
 
 def _set_if_pending(fut: asyncio.Future, value: Any) -> None:

@@ -52,6 +52,12 @@ class WorkerSettings(SandboxSettings):
         "whose limits add up past the visibility timeout) are split, and small groups are "
         "packed together up to it when a batch has many more groups than the workers have "
         "slots.")
+    dispatch_window: int | None = Field(
+        None, ge=0, description="Most tasks of one Celery queue in the broker at once; the "
+        "others wait in the API's fair queue, where every request gets an equal share of the "
+        "workers. Unset: 2 per worker slot of the queue at the last worker census (8 before "
+        "the first). 0: no bound (every task is published at once, first come, first "
+        "served).")
     worker_lost_retries: int = Field(
         1, ge=0, description="Times a call whose worker process died is sent again before it "
         "is reported `crashed` (a group: replayed one sample per call).")

@@ -15,7 +15,9 @@ One asyncio task per job runs :func:`rewardd.service.pipeline.score` exactly as 
   pod) or taken over by another pod: then it cancels the job's task.
 
 While running, a job holds its tenant's limiter slot (slot id = job id; the route took it at
-submit, so the job counts toward ``max_concurrent_jobs`` like a scoring request).
+submit, so the job counts toward ``max_concurrent_jobs`` like a scoring request), and its
+verifier calls are one flow of the executors' fair queue (flow id = job id,
+:mod:`rewardd.workers.fairness`), however many groups it has.
 
 Cancellation: cancelling the task cancels ``pipeline.score``: the embedded executor cancels
 its pebble tasks (queued ones dropped, running ones' workers replaced), the Celery executor
@@ -54,6 +56,7 @@ from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore, encode_
 from rewardd.service.models import RewardSpec, ScoreRequest
 from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
 from rewardd.service.tenancy import Tenant
+from rewardd.workers import fairness
 from rewardd.workers.executor import CallResult
 
 log = logging.getLogger(__name__)
@@ -223,10 +226,11 @@ class JobRunner:
                         skip.add(orjson.loads(event.data)["group_index"])
             tracker = _Tracker(req, job.total, skip)
             watch = asyncio.create_task(self._watch(job.id, tracker))
-            result = await pipeline.score(req, state.executor, state.settings,
-                                          progress=tracker.progress,
-                                          runs=state.runs.for_tenant(job.tenant),
-                                          on_group=tracker.group)
+            with fairness.flow(job.tenant, job.id):  # one flow of the fair queue per job
+                result = await pipeline.score(req, state.executor, state.settings,
+                                              progress=tracker.progress,
+                                              runs=state.runs.for_tenant(job.tenant),
+                                              on_group=tracker.group)
             watch.cancel()
             await self._flush(job.id, tracker)
             data = await asyncio.to_thread(dump_result, result)
