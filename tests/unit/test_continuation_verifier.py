@@ -123,7 +123,8 @@ def test_no_backend_is_judge_unavailable(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize("params,loc", [({"k": 4, "temperature": 0.0}, ()),
-                                        ({"k": 0}, ("k",)), ({"prefix_fraction": 0}, ("prefix_fraction",)),
+                                        ({"k": 0}, ("k",)),
+                                        ({"prefix_fraction": 0}, ("prefix_fraction",)),
                                         ({"math": {"mode": "loose"}}, ("math", "mode")),
                                         ({"mode": "chat"}, ("mode",))])
 def test_bad_params(params: dict[str, Any], loc: tuple[Any, ...]) -> None:

@@ -37,8 +37,8 @@ from typing import Any, ClassVar, Collection, Literal, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from rewardd.verifiers.base import (FailureKind, GroupContext, GroupVerifier, InvalidReference,
-                                    Outcome, Sample, VerifierParams)
+from rewardd.verifiers.base import (FailureKind, GroupContext, GroupVerifier, Outcome, Sample,
+                                    VerifierParams)
 from rewardd.verifiers.judge.asking import JudgeFailure, ask_all
 from rewardd.verifiers.judge.backend import ChatRequest, Usage
 from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
