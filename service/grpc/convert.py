@@ -11,7 +11,7 @@ batch become one ``RaggedFloat32`` (dense, float32 little-endian) or ``RaggedRle
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -20,7 +20,10 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from rewardd.advantages.errors import Loc, RequestInvalid, error
+from rewardd.service.gcpause import gc_paused
 from rewardd.service.grpc import rewardd_pb2 as pb
+
+M = TypeVar("M", bound=Message)
 
 MAX_EXACT_INT = 2 ** 53
 """Whole-number doubles below this in a Struct read as ints (JSON cannot tell them apart
@@ -85,10 +88,9 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 # ---- responses ----------------------------------------------------------------------------
 
 def fill(message: Message, data: dict[str, Any]) -> Message:
-    """Set ``message``'s fields from a JSON-shaped dict (null: left unset); per-token lists
-    become Float32Row. Responses go through it, and a Python client can build a request
-    from a REST body with it. A key the message lacks raises KeyError (for a response, a
-    bug of the mirror: tests/grpc/test_mirror.py keeps the two in step)."""
+    """Set ``message``'s fields from a REST body (null: left unset); per-token lists become
+    Float32Row. How a Python client (the tests, the benchmark) builds a request from a REST
+    body; a key the message lacks raises KeyError."""
     fields = message.DESCRIPTOR.fields_by_name
     for key, value in data.items():
         if value is None:
@@ -125,56 +127,65 @@ def _json_shaped(payload: Any) -> Any:
     return orjson.loads(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
-def token_values(rows: list[Any]) -> pb.TokenValues | None:
-    """The per-rollout ``advantages`` (or ``returns``) of a response as one message: dense
-    arrays as RaggedFloat32, ``{"rle": [[v, n], ...]}`` as RaggedRle, floats as Scalars."""
-    present = [r for r in rows if r is not None]
-    if not present:
-        return None
-    first = present[0]
+def token_values(rows: list[Any], target: pb.TokenValues) -> None:
+    """Set ``target`` to the per-rollout ``advantages`` (or ``returns``) of a response, in
+    place (no copy of the packed bytes): dense arrays as RaggedFloat32, ``{"rle": [[v, n],
+    ...]}`` as RaggedRle, floats as Scalars; all None (output none) leaves it unset."""
+    first = next((r for r in rows if r is not None), None)
+    if first is None:
+        return
     if isinstance(first, dict):
         runs = [r["rle"] if r is not None else [] for r in rows]
         offsets = np.zeros(len(runs) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in runs], out=offsets[1:])
         flat = [run for row in runs for run in row]
-        return pb.TokenValues(rle=pb.RaggedRle(values=[v for v, _ in flat],
-                                               lengths=[n for _, n in flat],
-                                               row_offsets=offsets.tolist()))
-    if isinstance(first, (int, float)):
-        return pb.TokenValues(scalar=pb.Scalars(values=[0.0 if r is None else r for r in rows]))
-    arrays = [np.asarray(r if r is not None else (), dtype=np.float64) for r in rows]
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum([a.size for a in arrays], out=offsets[1:])
-    data = np.concatenate(arrays).astype("<f4") if arrays else np.zeros(0, "<f4")
-    return pb.TokenValues(dense=pb.RaggedFloat32(data_f32le=data.tobytes(),
-                                                 row_offsets=offsets.tolist()))
+        target.rle.values.extend([v for v, _ in flat])
+        target.rle.lengths.extend([n for _, n in flat])
+        target.rle.row_offsets.extend(offsets.tolist())
+    elif isinstance(first, (int, float)):
+        target.scalar.values.extend([0.0 if r is None else r for r in rows])
+    else:
+        arrays = [np.asarray(r if r is not None else (), dtype=np.float64) for r in rows]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([a.size for a in arrays], out=offsets[1:])
+        # straight into float32 (no float64 copy of the batch first)
+        packed = np.concatenate(arrays, dtype="<f4", casting="same_kind")
+        target.dense.data_f32le = packed.tobytes()
+        target.dense.row_offsets.extend(offsets.tolist())
 
 
 def score_response(payload: dict[str, Any]) -> pb.ScoreResponse:
-    """A /v1/score (rewards, advantages, job result) body as a ScoreResponse."""
+    """A /v1/score (rewards, advantages, job result) body as a ScoreResponse (CPU-bound:
+    callers run it off the event loop)."""
     advantages: list[Any] = []
     returns: list[Any] = []
-    groups = []
-    for group in payload["groups"]:
-        rollouts = []
-        for rollout in group["rollouts"]:
-            advantages.append(rollout.get("advantages"))
-            returns.append(rollout.get("returns"))
-            rollouts.append({k: v for k, v in rollout.items()
-                             if k not in ("advantages", "returns")})
-        groups.append({**group, "rollouts": rollouts})
-    rest = _json_shaped({**payload, "groups": groups})
-    message = fill(pb.ScoreResponse(), rest)
-    for name, rows in (("advantages", advantages), ("returns", returns)):
-        values = token_values(rows)
-        if values is not None:
-            getattr(message, name).CopyFrom(values)
+    with gc_paused():
+        groups = []
+        for group in payload["groups"]:
+            rollouts = []
+            for rollout in group["rollouts"]:
+                advantages.append(rollout.get("advantages"))
+                returns.append(rollout.get("returns"))
+                rollouts.append({k: v for k, v in rollout.items()
+                                 if k not in ("advantages", "returns")})
+            groups.append({**group, "rollouts": rollouts})
+        message = message_of(pb.ScoreResponse, {**payload, "groups": groups})
+        token_values(advantages, message.advantages)
+        token_values(returns, message.returns)
     return message
 
 
-def message_of(cls: type[Message], payload: Any) -> Message:
-    """Any other response body (verify, catalogue, jobs) as ``cls``."""
-    return fill(cls(), _json_shaped(payload))
+def message_of(cls: type[M], payload: Any) -> M:
+    """A response body as ``cls``, built by the message's own constructor from the body as
+    JSON has it (nested dicts, Structs and maps in C; a key the message lacks raises, and
+    tests/grpc/test_mirror.py keeps the two in step)."""
+    return cls(**_json_shaped(payload))
+
+
+def catalogue_message(cls: type[M], payload: Any) -> M:
+    """:func:`message_of` for bodies with a ``google.protobuf.Value`` (ParamInfo.default),
+    which the constructor does not build from a plain value."""
+    return fill(cls(), _json_shaped(payload))  # type: ignore[return-value]
 
 
 def rows_of(values: pb.TokenValues) -> list[list[float]] | list[float]:

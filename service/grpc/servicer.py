@@ -166,7 +166,7 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                             context: Any) -> pb.ListVerifiersResponse:
         async def work(tenant: Tenant) -> pb.ListVerifiersResponse:
             infos = [v.model_dump(mode="json") for v in catalogue.list_verifiers()]
-            return convert.message_of(pb.ListVerifiersResponse, {"verifiers": infos})
+            return convert.catalogue_message(pb.ListVerifiersResponse, {"verifiers": infos})
 
         return await self._call(context, work)
 
@@ -176,7 +176,7 @@ class RewarddServicer(pb_grpc.RewarddServicer):
             kind = validate(_KIND, request.kind if request.HasField("kind") else None,
                             ("query", "kind"))
             infos = [e.model_dump(mode="json") for e in catalogue.list_estimators(kind)]
-            return convert.message_of(pb.ListEstimatorsResponse, {"estimators": infos})
+            return convert.catalogue_message(pb.ListEstimatorsResponse, {"estimators": infos})
 
         return await self._call(context, work)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc.convert import rows_of
-from tests.grpc.conftest import OTHER_KEY, auth
+from tests.grpc.conftest import KEY, OTHER_KEY, auth
 from tests.grpc.requests import SCORE, score_message
 from tests.grpc.test_grpc_errors import call_error, status_of
 
@@ -44,6 +45,12 @@ def test_a_job_streams_its_groups_then_ends_and_its_result_is_scores(grpc_server
     assert status.state == "succeeded" and status.progress.done == status.progress.total == 12
     scored = stub.Score(score_message(), metadata=auth(), timeout=60)
     assert rows_of(status.result.advantages) == rows_of(scored.advantages)
+    # one process, one job store: REST sees the job gRPC submitted, with the same result
+    rest = httpx.get(f"{grpc_server.url}/v1/jobs/{job.id}",
+                     headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+    assert rest["state"] == "succeeded"
+    assert [r["reward"] for g in rest["result"]["groups"] for r in g["rollouts"]] == \
+        [r.reward for g in status.result.groups for r in g.rollouts]
     # resume after the first group: only what came later
     later = list(stub.WatchJob(pb.WatchJobRequest(id=job.id, after=seqs[0]), metadata=auth(),
                                timeout=60))
