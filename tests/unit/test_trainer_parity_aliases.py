@@ -136,3 +136,49 @@ def test_rloo_vectorized_properties_shift_and_group_order(groups, shift, data):
     for g in groups:
         assert sum(base[start:start + len(g)]) == pytest.approx(0.0, abs=1e-9)
         start += len(g)
+
+
+# ---- the route and the library entry point -------------------------------------------------
+
+def test_the_route_resolves_aliases_and_lists_them(tmp_path):
+    import orjson
+    from fastapi.testclient import TestClient
+
+    from rewardd.service.app import create_app
+    from rewardd.service.settings import Settings
+    from tests.support.executors import RefusingExecutor
+
+    body = {"groups": [{"group_id": "g", "rollouts": [
+        {"rollout_id": "a", "reward": 1.0, "num_tokens": 2},
+        {"rollout_id": "b", "reward": 0.0, "num_tokens": 2}]},
+        {"group_id": "lone", "rollouts": [{"rollout_id": "c", "reward": 1.0, "num_tokens": 2}]}],
+        "advantage": {"estimator": "rloo_vectorized", "profile": "verl", "output": "scalar"}}
+    with TestClient(create_app(Settings(pool_size=1), executor=RefusingExecutor())) as client:
+        answer = client.post("/v1/advantages", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.content == orjson.dumps(compute_advantages(body),
+                                              option=orjson.OPT_SERIALIZE_NUMPY)
+        assert [r["advantages"] for g in answer.json()["groups"] for r in g["rollouts"]] == \
+            [1.0, -1.0, 0.0]
+        refused = client.post("/v1/advantages", json={
+            **body, "advantage": {**body["advantage"], "profile": "openrlhf"}})
+        assert refused.status_code == 422
+        assert ["body", "advantage", "estimator"] in [e["loc"] for e in refused.json()["detail"]]
+        listed = client.get("/v1/estimators", params={"kind": "estimator"}).json()
+        rloo = next(e for e in listed if e["name"] == "rloo")
+        assert rloo["profiles"]["verl"]["aliases"]["rloo_vectorized"]["params"] == {
+            "singleton": "zero"}
+
+
+def test_library_compute_resolves_an_alias_under_its_profile():
+    import torch
+
+    from rewardd.advantages import AdvantageBatch, compute
+
+    batch = AdvantageBatch(rewards=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64),
+                           group=torch.tensor([0, 0, 1]), valid=torch.ones(3, dtype=torch.bool),
+                           num_tokens=torch.ones(3, dtype=torch.int64), num_groups=2)
+    assert compute(batch, "rloo_vectorized", {}, "verl").rollout.tolist() == [1.0, -1.0, 0.0]
+    assert compute(batch, "rloo", {}, "verl").rollout.tolist() == [1.0, -1.0, 1.0]
+    with pytest.raises(KeyError, match="'verl'"):
+        compute(batch, "rloo_vectorized", {}, "rewardd")

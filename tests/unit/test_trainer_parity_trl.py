@@ -156,3 +156,23 @@ def test_scale_rewards_shift_invariance_and_group_order(groups, scale, shift, da
     starts = [sum(len(g) for g in groups[:k]) for k in range(len(groups))]
     expected = [v for k in order for v in base[starts[k]:starts[k] + len(groups[k])]]
     assert moved == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_route_answers_trls_none_convention():
+    import orjson
+    from fastapi.testclient import TestClient
+
+    from rewardd.service.app import create_app
+    from rewardd.service.settings import Settings
+    from tests.support.executors import RefusingExecutor
+
+    body = {"groups": [{"group_id": "g", "rollouts": [
+        {"rollout_id": f"r{i}", "rewards": r} for i, r in enumerate(NULLS[0])]}],
+        "advantage": {"estimator": "grpo", "profile": "trl", "output": "scalar",
+                      "weights": {"a": 1.0, "b": 2.0}}}
+    with TestClient(create_app(Settings(pool_size=1), executor=RefusingExecutor())) as client:
+        answer = client.post("/v1/advantages", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.content == orjson.dumps(compute_advantages(body),
+                                          option=orjson.OPT_SERIALIZE_NUMPY)
+    assert [r["excluded"] for r in answer.json()["groups"][0]["rollouts"]] == [False, True, False]

@@ -83,7 +83,8 @@ def run(blocks: dict[str, Any], option: dict[str, Any], rows: list[dict[str, Any
 
 
 def main() -> None:
-    data = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as file:
+        data = json.load(file)
     global DTYPE
     native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
     if native:
