@@ -13,10 +13,10 @@ from rewardd.service.codec import read_model, render
 from rewardd.service.models import VerifyRequest, VerifyResponse
 from rewardd.service.pipeline import call_timeout, run_calls
 from rewardd.advantages.checks import raise_if, validate_params
-from rewardd.service.validation import check_timeout
+from rewardd.service.validation import check_timeout, reference_errors
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
-from rewardd.verifiers import Sample, get_verifier
+from rewardd.verifiers import Sample, Verifier, get_verifier
 from rewardd.workers.executor import Executor, VerifyCall
 
 router = APIRouter(prefix="/v1", tags=["verifiers"], dependencies=[Depends(current_tenant)],
@@ -45,11 +45,19 @@ async def verify_one(verifier: str, req: VerifyRequest, settings: Settings,
     """One validated item through ``verifier`` (a registered name): its outcome as the
     response body. The REST route and gRPC's Verify both call this."""
     impl = get_verifier(verifier)
-    # off the event loop: validating params may compile a request's regex (megabytes)
-    raise_if(await asyncio.to_thread(validate_params, impl.Params, req.params, ("body", "params"))
+    # off the event loop: validating params may compile a request's regex (megabytes), and
+    # checking a reference may check a JSON Schema against its metaschema
+    raise_if(await asyncio.to_thread(_request_errors, impl, req)
              + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
     call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
                       req.reference, req.params, call_timeout(req.timeout_s, settings))
     [result] = await run_calls([call], executor)
     [item] = result.items
     return item.outcome.to_dict()
+
+
+def _request_errors(impl: Verifier, req: VerifyRequest) -> list[dict]:
+    """The request's params and reference against what ``impl`` documents: the same 422s a
+    batch gets at ``body.rewards[i].params`` and ``body.groups[i].reference``."""
+    return (validate_params(impl.Params, req.params, ("body", "params"))
+            + reference_errors(impl, req.reference, ("body", "reference")))

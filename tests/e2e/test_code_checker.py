@@ -97,3 +97,14 @@ def test_verifiers_document_the_checker(server: str) -> None:
     params = {p["name"]: p for p in code["params"]}
     assert (params["checker_cpu_s"]["default"], params["checker_wall_s"]["default"],
             params["checker_memory_mb"]["default"]) == (2.0, 3.0, 512)
+
+
+def test_verify_route_refuses_an_unknown_reference_key(server: str) -> None:
+    """POST /v1/verify/code checks the reference as a batch does: a 422 at body.reference.<key>,
+    not an invalid_reference result."""
+    reference = {"tests": TESTS, "checkr": {"language": "python", "code": CHECKER}}
+    with RewarddClient(server) as client, pytest.raises(RewarddError) as info:
+        client.verify("code", SHIFT, reference=reference)
+    assert info.value.status == 422
+    assert [e["loc"] for e in info.value.detail] == [["body", "reference", "checkr"]]
+    assert "'checkr' is not a known key" in info.value.detail[0]["msg"]
