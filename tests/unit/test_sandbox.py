@@ -155,7 +155,8 @@ def test_cpu_spin_is_a_timeout(sandbox: Sandbox) -> None:
     """The CPU limit ends a spin, whatever the machine's load: the wall-clock limit is far
     away (with FAST's 2 s, a spin that got a fifth of a core on a loaded machine hit the
     wall-clock limit at 0.4 s of CPU)."""
-    [result] = run(sandbox, "while True: pass", limits=Limits(cpu_s=1.0, wall_s=120, memory_mb=256))
+    [result] = run(sandbox, "while True: pass",
+                   limits=Limits(cpu_s=1.0, wall_s=120, memory_mb=256))
     assert result.status == "timeout"
     assert 0.9 <= result.cpu_s < 2.5
 
