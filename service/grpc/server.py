@@ -10,12 +10,29 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rewardd.service.grpc import rewardd_pb2 as pb
-from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
 from rewardd.service.grpc.servicer import RewarddServicer
 from rewardd.service.settings import Settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Rewardd"].full_name
 STOP_GRACE_S = 5.0
+
+
+def _serialize(message: Any) -> bytes:
+    """Responses already serialized (scoring: see convert.score_wire) pass as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def handlers(servicer: RewarddServicer) -> grpc.GenericRpcHandler:
+    """The service's method handlers, as the generated ``add_RewarddServicer_to_server``
+    makes them but with :func:`_serialize` for every response."""
+    methods = {}
+    for method in pb.DESCRIPTOR.services_by_name["Rewardd"].methods:
+        make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        methods[method.name] = make(getattr(servicer, method.name),
+                                    request_deserializer=getattr(pb, method.input_type.name).FromString,
+                                    response_serializer=_serialize)
+    return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
 async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
@@ -26,7 +43,7 @@ async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
     ])
-    pb_grpc.add_RewarddServicer_to_server(RewarddServicer(state), server)
+    server.add_generic_rpc_handlers((handlers(RewarddServicer(state)),))
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection(

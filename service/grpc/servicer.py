@@ -108,14 +108,16 @@ class RewarddServicer(pb_grpc.RewarddServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def _scoring(self, tenant: Tenant, run: Callable[[], Awaitable[dict[str, Any]]]
-                       ) -> pb.ScoreResponse:
+                       ) -> bytes:
+        """A ScoreResponse already serialized (:func:`convert.score_wire`; the server's
+        handlers pass bytes through)."""
         async with self.state.limiter.hold(tenant):  # a worker's time, like the routes
-            return await asyncio.to_thread(convert.score_response, await run())
+            return await asyncio.to_thread(convert.score_wire, await run())
 
-    async def Score(self, request: pb.ScoreRequest, context: Any) -> pb.ScoreResponse:
+    async def Score(self, request: pb.ScoreRequest, context: Any) -> bytes:
         state = self.state
 
-        async def work(tenant: Tenant) -> pb.ScoreResponse:
+        async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, ScoreRequest, tenant)
                 return await pipeline.score(req, state.executor, state.settings,
@@ -124,10 +126,10 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
         return await self._call(context, work)
 
-    async def Rewards(self, request: pb.RewardsRequest, context: Any) -> pb.ScoreResponse:
+    async def Rewards(self, request: pb.RewardsRequest, context: Any) -> bytes:
         state = self.state
 
-        async def work(tenant: Tenant) -> pb.ScoreResponse:
+        async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, RewardsRequest, tenant)
                 return await pipeline.rewards(req, state.executor, state.settings)
@@ -135,10 +137,10 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
         return await self._call(context, work)
 
-    async def Advantages(self, request: pb.AdvantagesRequest, context: Any) -> pb.ScoreResponse:
+    async def Advantages(self, request: pb.AdvantagesRequest, context: Any) -> bytes:
         state = self.state
 
-        async def work(tenant: Tenant) -> pb.ScoreResponse:
+        async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, AdvantagesRequest, tenant)
                 return await asyncio.to_thread(pipeline.advantages, req,

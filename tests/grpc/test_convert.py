@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.cli import main
 from rewardd.service.grpc import rewardd_pb2 as pb
-from rewardd.service.grpc.convert import fill, rows_of, score_response, to_body
+from rewardd.service.grpc.convert import fill, rows_of, score_response, score_wire, to_body
 from rewardd.service.grpc.servicer import parse_message
 from rewardd.service.models import AdvantagesRequest, VerifyRequest
 
@@ -95,3 +95,17 @@ def test_scalar_and_none_outputs():
 def test_serve_has_the_grpc_port_flag():
     result = CliRunner().invoke(main, ["serve", "--help"])
     assert "--grpc-port" in result.output and "REWARDD_GRPC_PORT" in result.output
+
+
+def test_hand_framed_dense_bytes_parse_as_protobufs_own_message():
+    rows = [np.linspace(-1, 1, 300), np.asarray([]), np.asarray([2.5] * 200)]  # > 127 bytes:
+    wire = score_wire(_payload(rows))  # multi-byte varint lengths
+    data = np.concatenate(rows).astype("<f4").tobytes()
+    plain = pb.ScoreResponse.FromString(wire)
+    expected = pb.ScoreResponse()
+    expected.CopyFrom(plain)
+    expected.ClearField("advantages")
+    expected.advantages.dense.data_f32le = data
+    expected.advantages.dense.row_offsets.extend([0, 300, 300, 500])
+    assert plain == expected
+    assert len(wire) == expected.ByteSize()
