@@ -4,8 +4,16 @@ Trainers disagree on the std estimator, the epsilon added to it and what a group
 rollout gets. A ``profile`` fixes those pins so a trainer that moves its advantage
 computation into rewardd gets the numbers it got in-process.
 
-Arithmetic is float64 in every profile; the trainers compute in float32, so results agree
-with them to float32 precision (verl's GRPO on [1,0,0,0] gives 1.499997 either way).
+Arithmetic is float64 in every profile. Against each trainer's own code run in float64
+every option agrees within 2e-7 (tests/trainers, issue 16); the trainers compute in float32,
+so results agree with their runs to float32 precision (verl's GRPO on [1,0,0,0] gives
+1.499997 either way), except on a group with no reward spread: rewardd gives it exactly 0,
+while the trainers' float32 group mean leaves rounding noise that the std division magnifies
+(measured up to 0.48 for verl, 4.8e-3 for TRL, 10 for OpenRLHF's group_norm; their own code
+in float64 gives at most 1.8e-9). That is a float32 artefact, documented and not copied.
+
+A trainer's own estimator names (verl's ``rloo_vectorized``, OpenRLHF's ``group_norm``) are
+:data:`ALIASES`: a registry entry with pinned params under that trainer's profile.
 """
 
 from __future__ import annotations

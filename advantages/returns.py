@@ -6,7 +6,11 @@ between kept tokens of the same rollout without taking part: they carry no rewar
 and no discount, so a return or an advantage is carried across a mask-0 span as if the span
 were not there (gamma and lambda apply once per step from one kept token to the next). This
 is verl's rule for GAE on multi-turn responses (``compute_gae_advantage_return`` skips values
-and TD errors on observation tokens). The per-token rewards are
+and TD errors on observation tokens) and, in verl 0.9.1, for reinforce_plus_plus too: the
+``carry`` rule of ``Pins.holes``. Under the openrlhf profile (``step``) a mask-0 token before
+the rollout's last mask-1 token is kept in the layout as a step with reward 0 and value 0,
+as OpenRLHF masks rewards and values and runs its recursion over every position; whitening
+still counts the mask-1 tokens only. The per-token rewards are
 
     r_t = token_rewards_t - kl_coef * kl_t     (each 0 where not sent)
 
