@@ -176,3 +176,19 @@ def test_the_route_answers_trls_none_convention():
     assert answer.content == orjson.dumps(compute_advantages(body),
                                           option=orjson.OPT_SERIALIZE_NUMPY)
     assert [r["excluded"] for r in answer.json()["groups"][0]["rollouts"]] == [False, True, False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-8, 8).map(lambda k: k / 4), min_size=2, max_size=5),
+                min_size=2, max_size=4),
+       st.sampled_from([0.5, 2.0, 8.0]))
+def test_scale_rewards_scale_properties(groups, factor):
+    """``none`` is linear in the rewards; ``group`` and ``batch`` are scale-free up to the
+    epsilon (exactly so with eps small against the std)."""
+    scaled = [[r * factor for r in g] for g in groups]
+    assert scalars(scaled, params={"scale_rewards": "none"}) == pytest.approx(
+        [a * factor for a in scalars(groups, params={"scale_rewards": "none"})], abs=1e-12)
+    for scale in ("group", "batch"):
+        params = {"scale_rewards": scale, "eps": 1e-12}
+        assert scalars(scaled, params=params) == pytest.approx(
+            scalars(groups, params=params), rel=1e-9, abs=1e-9)
