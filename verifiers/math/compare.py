@@ -41,7 +41,7 @@ from rewardd.verifiers.math.labels import Labelled
 from rewardd.verifiers.math.matrices import Determinant, evaluate_matrix_expression, is_matrix_expression
 from rewardd.verifiers.math.normalize import Annotations
 from rewardd.verifiers.math.numbers import Number
-from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated
+from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated, spread
 from rewardd.verifiers.math.precision import evaluate as _evaluate
 
 Verdict = tuple[bool, str]
@@ -532,9 +532,11 @@ def _identical(x: sympy.Basic, y: sympy.Basic) -> bool:
     (at least 3), each point with the precision its written terms need
     (:func:`rewardd.verifiers.math.precision.agree`): ``x^2+10^{-30}x`` is not ``x^2``."""
     symbols = sorted(x.free_symbols | y.free_symbols, key=lambda s: s.name)
-    defined = 0
+    defined, orders = 0, None
     for k in range(len(_POINTS)):
-        same = agree(x, y, _point(symbols, k))
+        point = _point(symbols, k)
+        orders = spread((x, y), point) if orders is None else orders
+        same = agree(x, y, point, orders)
         if same is None:
             continue
         if not same:
@@ -631,10 +633,12 @@ def _proportional(f: sympy.Basic, g: sympy.Basic, positive: bool) -> bool:
     ``y = x^2``): c is read at the first point, then ``f - c g`` must vanish at the others
     within 10^-(25 + spread) of the larger."""
     symbols = sorted(f.free_symbols, key=lambda s: s.name)
-    ratio, checked = None, 0
+    ratio, checked, orders = None, 0, None
     for k in range(len(_POINTS)):
+        point = _point(symbols, k)
+        orders = spread((f, g), point) if orders is None else orders
         try:
-            with evaluated(f, g, _point(symbols, k)) as values:
+            with evaluated(f, g, point, orders) as values:
                 if values is None:
                     continue
                 fv, gv, rel = values

@@ -89,12 +89,16 @@ class TooPrecise(ValueError):
 
 
 @contextmanager
-def evaluated(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None
+def evaluated(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None,
+              orders: int | None = None
               ) -> Iterator[tuple[mpmath.mpc, mpmath.mpc, mpmath.mpf] | None]:
     """``(x, y, rel)`` evaluated with 40 + spread digits, and the relative difference below
     which they agree (10^-(25 + spread)); None when either is undefined. The body runs at
-    that precision, so arithmetic on the values keeps it. Raises TooPrecise."""
-    orders = spread((x, y), subs)
+    that precision, so arithmetic on the values keeps it. ``orders``: the spread when the
+    caller knows it (a sample-point test reads it at its first point: the orders between
+    written terms hardly move between points). Raises TooPrecise."""
+    if orders is None:
+        orders = spread((x, y), subs)
     digits = BASE_DIGITS + orders
     if digits > MAX_DIGITS:
         raise TooPrecise(f"{digits} digits")
@@ -106,13 +110,16 @@ def evaluated(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None
             yield vx, vy, mpmath.mpf(10) ** -(MARGIN_DIGITS + orders)
 
 
-def agree(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None) -> bool | None:
+def agree(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None,
+          orders: int | None = None) -> bool | None:
     """Whether ``x`` and ``y`` (numbers once ``subs`` is applied) agree within
     10^-(25 + spread) of the larger; closed forms that do must also not be provably
     different by sympy's adaptive evaluation (``\\cos(10^{-20})`` is not 1). None when
-    either is undefined there."""
+    either is undefined there. ``orders``: as for :func:`evaluated`."""
+    if orders is None:
+        orders = spread((x, y), subs)
     try:
-        with evaluated(x, y, subs) as values:
+        with evaluated(x, y, subs, orders) as values:
             if values is None:
                 return None
             vx, vy, rel = values
@@ -120,7 +127,7 @@ def agree(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None) -> bool | No
                 return False
     except TooPrecise:
         return False
-    return subs is not None or not _provably_different(x, y, BASE_DIGITS + spread((x, y)) + 20)
+    return subs is not None or not _provably_different(x, y, BASE_DIGITS + orders + 20)
 
 
 __all__ = ["BASE_DIGITS", "MARGIN_DIGITS", "MAX_DIGITS", "TooPrecise", "agree", "evaluate",
