@@ -127,3 +127,33 @@ def test_catalogue_lists_what_rest_lists(grpc_server):
     everything = stub.ListEstimators(pb.ListEstimatorsRequest(), metadata=auth())
     assert len(everything.estimators) == len(
         httpx.get(f"{grpc_server.url}/v1/estimators", headers=HEADERS).json())
+
+
+def test_gae_with_per_token_values_returns_both_tensors_as_rest(grpc_server):
+    data = {"groups": [{"group_id": "g", "rollouts": [
+        {"rollout_id": "a", "num_tokens": 3, "reward": 1.0, "values": [0.5, 0.25, 0.125]},
+        {"rollout_id": "b", "num_tokens": 2, "reward": 0.0, "values": [0.1, -0.2]}]}],
+        "advantage": {"estimator": "gae", "output": "dense"}}
+    got = grpc_server.stub().Advantages(message(pb.AdvantagesRequest, data), metadata=auth(),
+                                        timeout=60)
+    want = rest(grpc_server, "/v1/advantages", data)
+    for key in ("advantages", "returns"):
+        assert rows_of(getattr(got, key)) == [np.asarray(r, np.float32).tolist()
+                                              for r in rest_rows(want, key)]
+    assert list(got.returns.dense.row_offsets) == [0, 3, 5]
+
+
+def test_precomputed_components_with_a_missing_value(grpc_server):
+    data = {"groups": [{"group_id": "g", "rollouts": [
+        {"rollout_id": "a", "num_tokens": 1, "rewards": {"x": 1.0, "y": 0.5}},
+        {"rollout_id": "b", "num_tokens": 1, "rewards": {"x": 0.0, "y": None}},
+        {"rollout_id": "c", "num_tokens": 1, "rewards": {"x": 0.0, "y": 0.0}}]}],
+        "advantage": {"estimator": "grpo", "output": "scalar", "weights": {"y": 2.0}}}
+    got = grpc_server.stub().Advantages(message(pb.AdvantagesRequest, data), metadata=auth(),
+                                        timeout=60)
+    want = rest(grpc_server, "/v1/advantages", data)
+    rollouts = got.groups[0].rollouts
+    assert [r.reward if r.HasField("reward") else None for r in rollouts] == \
+        [r["reward"] for r in want["groups"][0]["rollouts"]] == [2.0, None, 0.0]
+    assert rollouts[1].excluded and rollouts[1].status["y"].error == "missing"
+    assert list(got.advantages.scalar.values) == rest_rows(want)
