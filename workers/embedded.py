@@ -24,6 +24,14 @@ the task carries the call's typed failure instead (:class:`Refused`: ``invalid_r
 what would not pickle, else ``error``), which the worker hands straight back. Checking the
 arguments before scheduling would cost a second full pickle of every call on the event loop.
 
+Fairness between requests. pebble runs its tasks first come, first served, so handing it every
+call at once would make a small request wait behind all of a big one. Calls go through a fair
+queue (:mod:`rewardd.workers.fairness`, one flow per request) that hands pebble at most
+:data:`IN_PEBBLE_PER_WORKER` samples per worker; the rest wait there and start as calls
+finish. A call of more than :data:`CHUNK_SAMPLES` samples of a verifier that is not group-level
+runs as several chunks, so no single call holds a worker for long; the chunks' items go
+back in order, and the replay rule holds per chunk.
+
 A pool that dies anyway (one of its threads gone for an unforeseen reason, or pebble marking it
 broken, as it does when a worker dies while no task runs) is noticed by a watchdog that looks
 while calls are pending (:data:`WATCH_EVERY_S`), by every new call and by every readiness
@@ -163,6 +171,11 @@ class EmbeddedExecutor(Executor):
 
     A dead pool is replaced (module docstring); ``rebuilds`` counts the replacements and
     ``fault`` says why the last one happened until the new pool has answered a ping.
+
+    Every call's place in the fair queue is released exactly once, whichever settles it:
+    its result (in the loop), a failure to schedule, a pool rebuild or :meth:`close` (which
+    also settles the calls still waiting as ``unavailable``); a cancelled caller's waiting
+    calls are dropped at once and its running ones cancelled in pebble.
     """
 
     kind = "embedded"

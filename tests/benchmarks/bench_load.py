@@ -28,7 +28,9 @@ The hostile tenant sends, in rotation, issue 15's rows: a ~3 KB request nesting 
 is 1,000,000 nulls; a lone surrogate ``"\\ud800"`` in a completion (verify, score); a
 10^5-group score (a valid one: 10 MB, a 38 MB answer); a 5 MB regex pattern, a new one each
 time (verify); 6
-concurrent verify and 6 concurrent advantages calls against its limit of 2.
+concurrent verify and 6 concurrent advantages calls against its limit of 2; and a valid
+``/v1/score`` just under the bounds: 60,000 cheap math rollouts (3,750 groups of 16), which
+the fair queue of verifier calls (``workers/fairness.py``) must keep from delaying ``t1``.
 
 Design choices, and why:
 
@@ -133,8 +135,13 @@ def _two_rollouts(verifier: str, reference: str, completions: tuple[str, str]) -
             f'"h","reference":{reference},"rollouts":[{rollouts}]}}]}}')
 
 
+UNDER_BOUNDS_ROLLOUTS = 60_000
+"""Rollouts of the valid request just under REWARDD_MAX_ROLLOUTS_PER_REQUEST (65,536)."""
+
+
 def build_probes() -> list[Probe]:
-    """Issue 15's hostile requests (rows 1, 2, 4, 5 and 6), bodies built once."""
+    """Issue 15's hostile requests (rows 1, 2, 4, 5 and 6) and a valid request just under the
+    bounds, bodies built once."""
     deep = f'{{"answer":"1","deep":{_nested(500)}}}'
     nested_score = _two_rollouts("math", deep, ("$\\boxed{1}$", "$\\boxed{2}$")).encode()
     nested_verify = f'{{"completion":"$\\\\boxed{{1}}$","reference":{deep}}}'.encode()
@@ -155,6 +162,16 @@ def build_probes() -> list[Probe]:
     many_groups = (f'{{"rewards":[{{"name":"c","verifier":"exact_match"}}],"advantage":'
                    f'{{"output":"scalar"}},"groups":[{many}]}}').encode()
 
+    # a valid request just under the bounds (REWARDD_MAX_ROLLOUTS_PER_REQUEST = 65,536):
+    # 3,750 groups of 16 cheap math rollouts, 60,000 checks that all run
+    under = ",".join(
+        f'{{"group_id":"u{g}","reference":{{"answer":"{g % 7}"}},"rollouts":['
+        + ",".join(f'{{"rollout_id":"u{g}r{r}","completion":"so $\\\\boxed{{{(g + r) % 7}}}$",'
+                   f'"num_tokens":8}}' for r in range(GROUP_SIZE)) + "]}"
+        for g in range(UNDER_BOUNDS_ROLLOUTS // GROUP_SIZE))
+    under_bounds = (f'{{"rewards":[{{"name":"c","verifier":"math"}}],"advantage":'
+                    f'{{"output":"scalar"}},"groups":[{under}]}}').encode()
+
     regex = json.dumps({"completion": "hello",
                         "params": {"pattern": "a" * 5_000_000 + FRESH.decode()}})
 
@@ -174,6 +191,8 @@ def build_probes() -> list[Probe]:
         Probe("lone surrogate", (Call("/v1/verify/exact_match", surrogate_verify.encode()),
                                  Call("/v1/score", surrogate_score.encode()))),
         Probe("10^5-group score", (Call("/v1/score", many_groups),)),
+        Probe("60,000-rollout score (valid, under the bounds)",
+              (Call("/v1/score", under_bounds),)),
         Probe("5 MB regex", (Call("/v1/verify/regex", regex.encode()),)),
         Probe("over-limit concurrency (12 at limit 2)", burst, concurrent=True),
     ]
