@@ -11,6 +11,7 @@ REST                   gRPC code             details
 429 tenant busy        RESOURCE_EXHAUSTED    ErrorInfo tenant_busy, RetryInfo
 401                    UNAUTHENTICATED       ErrorInfo unauthenticated
 404                    NOT_FOUND             ErrorInfo not_found
+500 (anything else)    INTERNAL              ErrorInfo internal (the server logs it)
 =====================  ====================  =======================================
 
 ErrorInfo's domain is ``rewardd``; its reason is the failure kind above, so a client
@@ -19,6 +20,7 @@ branches on it without parsing messages.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -30,6 +32,7 @@ from rewardd.service.codec import BodyError
 from rewardd.service.limits import TenantBusy
 
 DOMAIN = "rewardd"
+log = logging.getLogger(__name__)
 
 
 class Unauthenticated(Exception):
@@ -48,9 +51,9 @@ def _field(loc: Any) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def status_of(exc: Exception) -> status_pb2.Status | None:
-    """The Status for one of the service's typed failures; None for anything else (a bug:
-    gRPC answers INTERNAL and the server logs it)."""
+def status_of(exc: Exception) -> status_pb2.Status:
+    """The Status for one of the service's typed failures; INTERNAL for anything else (a
+    bug: logged here, and the client is told no more than REST's 500 tells it)."""
     details: list[Any]
     if isinstance(exc, RequestInvalid):
         violations = [error_details_pb2.BadRequest.FieldViolation(
@@ -74,7 +77,9 @@ def status_of(exc: Exception) -> status_pb2.Status | None:
     elif isinstance(exc, NotFound):
         code, message, details = code_pb2.NOT_FOUND, str(exc), [_info("not_found")]
     else:
-        return None
+        log.error("gRPC call failed", exc_info=exc)
+        code, message = code_pb2.INTERNAL, "internal server error (logged by the server)"
+        details = [_info("internal")]
     status = status_pb2.Status(code=code, message=message)
     for detail in details:
         status.details.add().Pack(detail)

@@ -100,10 +100,8 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                     work: Callable[[Tenant], Awaitable[R]]) -> R:
         try:
             return await work(tenant_of(context, self.state))
-        except Exception as exc:
+        except Exception as exc:  # cancellation (deadline, client gone) is not an Exception
             status = status_of(exc)
-            if status is None:
-                raise
         await abort_with(context, status)
         raise AssertionError("unreachable: abort raises")
 

@@ -109,3 +109,16 @@ def test_hand_framed_dense_bytes_parse_as_protobufs_own_message():
     expected.advantages.dense.row_offsets.extend([0, 300, 300, 500])
     assert plain == expected
     assert len(wire) == expected.ByteSize()
+
+
+def test_an_unexpected_failure_is_internal_without_its_text(caplog):
+    from google.rpc import code_pb2, error_details_pb2
+
+    from rewardd.service.grpc.errors import status_of
+
+    status = status_of(ZeroDivisionError("secret detail"))
+    assert status.code == code_pb2.INTERNAL and "secret" not in status.message
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert (info.domain, info.reason) == ("rewardd", "internal")
+    assert "secret detail" in caplog.text  # logged on the server
