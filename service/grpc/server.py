@@ -15,6 +15,7 @@ from rewardd.service.settings import Settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Rewardd"].full_name
 STOP_GRACE_S = 5.0
+KEEPALIVE_S = 15
 
 
 def _serialize(message: Any) -> bytes:
@@ -42,6 +43,10 @@ async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
+        # HTTP/2 pings on idle connections (a WatchJob waiting on a long group): what REST's
+        # `: keep-alive` comments do for proxies that cut silent streams
+        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+        ("grpc.keepalive_timeout_ms", 20_000),
     ])
     server.add_generic_rpc_handlers((handlers(RewarddServicer(state)),))
     checker = health.aio.HealthServicer()
