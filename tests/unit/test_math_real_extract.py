@@ -202,3 +202,29 @@ def test_last_numeric(text, number):
 ])
 def test_tidy(phrase, answer):
     assert tidy(phrase) == answer
+
+
+PATHOLOGICAL = {
+    "unclosed \\(": "\\(" * 25_000,
+    "unclosed \\[": "\\[ x " * 10_000,
+    "spaces then a number": " " * 50_000 + "5",
+    "GSM8K marks": "#### \n" * 10_000,
+    "answer phrases": "the answer is ? " * 5_000,
+    "politeness": "I hope it is correct. " * 3_000,
+    "copulas": "x is " * 10_000 + "5",
+    "currency": "$5 and $" * 8_000,
+    "connectors": "the answer is $1$" + ", " * 20_000 + "x$2$",
+}
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
+def test_extraction_stays_linear_on_pathological_text(text):
+    """Each of these took 4 to 40 s, or never ended, while a rule rescanned the text from
+    every delimiter or stripped one layer per pass; linear work is a few tens of ms. CPU time,
+    not wall clock: a loaded machine cannot fail it."""
+    import time
+
+    started = time.process_time()
+    extract_answer(text)
+    reference_answer(text + " so the answer")
+    assert time.process_time() - started < 2.0

@@ -64,12 +64,24 @@ _ANSWER_LINE = re.compile(
     r"^[ \t>*_#]*(?:final[ \t]+)?answer[ \t]*(?:\*\*)?[ \t]*[:\uff1a](?:\*\*)?[ \t]*(?P<x>[^\n]*)$"
     r"|^[ \t]*####[ \t]*(?P<g>[^\n#]+)$", re.IGNORECASE | re.MULTILINE)
 _HEADING = re.compile(r"^[ \t>*_#]*final[ \t]+answer[ \t*_:]*$", re.IGNORECASE | re.MULTILINE)
-_TAIL_POLITE = re.compile(
-    r"(?:\s*(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)[.!]?)+\s*$",
-    re.IGNORECASE)
+_POLITE = re.compile(r"(?:I hope (?:it|this) is correct|Hope (?:this|that) helps|I hope this helps)"
+                     r"[.!]?$", re.IGNORECASE)
+_PHRASE_CHARS = 2_000
+"""How far after "the answer is" an answer is looked for (a bound that keeps every rule
+linear in the completion's length)."""
+_CANDIDATES = 32
+"""How many of the last "the answer is" / "Answer:" phrases are tried."""
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
-_VALUE_SPAN = re.compile(r"(?=.*\d).*(?:=|<|>|\\[lg]eq?(?![a-z])|\\neq?(?![a-z]))")
+_RELATION = re.compile(r"=|<|>|\\[lg]eq?(?![a-z])|\\neq?(?![a-z])")
+
+
+def _states_value(math: str) -> bool:
+    """A relation with a number in it (``y = 7``), not a name (``n``, ``2^{100}``)."""
+    return any(ch.isdigit() for ch in math) and _RELATION.search(math) is not None
+
+
 _MATH_LINE = re.compile(r"^(?=.*[\w\\])[\w\s\\{}^_+\-*/=<>()\[\].,:;|!'&%$]+$")
 """The characters of a line of mathematics (below a multi-line text: the ``bare`` rule)."""
 _STRONG: frozenset[str] = frozenset({"boxed", "final_answer_is", "answer_line"})
@@ -86,41 +98,55 @@ class Extraction:
 
 def clean_answer(text: str) -> str:
     """Strip what wraps an answer in prose: whitespace, a trailing period, markdown bold and
-    heading marks (GSM8K's ``####``), and outer math delimiters (``$``, ``$$``, ``\\(..\\)``, ``\\[..\\]``)."""
-    prev = None
+    heading marks (GSM8K's ``####``), and outer math delimiters (``$``, ``$$``,
+    ``\\(..\\)``, ``\\[..\\]``); at most 16 layers (each pass copies the text: a bound
+    keeps a text of 10,000 ``####`` lines linear)."""
     text = text.strip()
-    while text != prev:
+    for _ in range(16):
         prev = text
-        text = _HEADING_MARK.sub("", text.strip().rstrip(".").strip()).strip("*").strip()
+        text = _HEADING_MARK.sub("", text.rstrip(".").strip()).strip("*").strip()
         for left, right in (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"),
                             ("\\[", "\\]")):
             inner = text[len(left):len(text) - len(right)]
             if (len(text) >= len(left) + len(right) and text.startswith(left)
                     and text.endswith(right) and not (left.startswith("$") and "$" in inner)):
                 text = inner.strip()
-        if len(re.findall(r"(?<!\\)\$", text)) == 1:  # what is left of a span cut in half
-            text = _LONE_DOLLAR.sub("", text).strip()
+        if text == prev:
+            break
+    if len(_UNESCAPED_DOLLAR.findall(text)) == 1:  # what is left of a span cut in half
+        text = _LONE_DOLLAR.sub("", text).strip()
+    return text
+
+
+def _without_politeness(text: str) -> str:
+    """The text without "I hope it is correct." and the like at its end."""
+    text = text.strip()
+    while (m := _POLITE.search(text, max(len(text) - 200, 0))) is not None:
+        text = text[:m.start()].strip()
     return text
 
 
 def _sentence_end(text: str) -> int:
     """Index of the first ``.``/``!``/``?`` that ends a sentence outside a math span, else len."""
-    inside = [(m.start(), m.end()) for m in math_spans(text)]
+    spans, k = math_spans(text), 0
     for m in re.finditer(r"[.!?](?=\s|$)", text):
-        if not any(a <= m.start() < b for a, b in inside):
+        while k < len(spans) and spans[k].end <= m.start():
+            k += 1
+        if k == len(spans) or m.start() < spans[k].start:
             return m.start()
     return len(text)
 
 
 def _phrase(tail: str, rest: str) -> str | None:
     """The answer a phrase's tail names; the next line when the phrase ended its line."""
+    tail, rest = tail[:_PHRASE_CHARS], rest[:_PHRASE_CHARS]
     if not tail.strip():
         lines = [line for line in rest.split("\n") if line.strip()]
         if not lines:
             return None
         block = rest.strip()
         spans = math_spans(block)
-        if spans and spans[0].start() == 0:
+        if spans and spans[0].start == 0:
             return tidy(clean_answer(span_text(spans[0]))) or None
         tail = lines[0]
     if tail.lstrip().startswith("}"):  # $\text{the answer is } 17$: the phrase was in text
@@ -130,7 +156,7 @@ def _phrase(tail: str, rest: str) -> str | None:
 
 
 def _final_answer_is(text: str) -> str | None:
-    for m in reversed(list(_FINAL_ANSWER.finditer(text))):
+    for m in list(_FINAL_ANSWER.finditer(text))[:-_CANDIDATES - 1:-1]:
         answer = _phrase(m.group("x"), text[m.end():])
         if answer:
             return answer
@@ -138,7 +164,7 @@ def _final_answer_is(text: str) -> str | None:
 
 
 def _answer_line(text: str) -> str | None:
-    for m in reversed(list(_ANSWER_LINE.finditer(text))):
+    for m in list(_ANSWER_LINE.finditer(text))[:-_CANDIDATES - 1:-1]:
         if m.group("g") is not None:
             answer = clean_answer(m.group("g"))
         else:
@@ -163,17 +189,17 @@ def _last_math_line(text: str, first: bool = False) -> str | None:
     """The last non-empty line when it is mathematics without prose or math delimiters (a
     line that is one math span is the ``dollar`` rule's); with ``first``, the first line or
     display block (the answer under a "Final Answer" heading)."""
-    text = _TAIL_POLITE.sub("", text).strip()
+    text = _without_politeness(text)
     if not text:
         return None
     spans = math_spans(text)
-    if first and spans and spans[0].start() == 0:
-        line = spans[0].group(0)
+    if first and spans and spans[0].start == 0:
+        line = spans[0].whole(text)
     else:
         lines = [line for line in text.split("\n") if line.strip()]
         line = lines[0] if first else lines[-1]
-        if not first and any(m.start() <= text.rindex(line) < m.end() for m in spans) or (
-                not first and math_spans(line)):
+        at = text.rindex(line)
+        if not first and (any(m.start <= at < m.end for m in spans) or math_spans(line)):
             return None
     if len(line) > 300 or is_prose(line):
         return None
@@ -192,11 +218,11 @@ def _closing(text: str) -> str | None:
     It beats the last math span unless the last span of the final sentence states a value
     (``$y = 7$ ..., and the sum is 9``: the span decides, as it always has); a span naming a
     quantity (``The largest $n$ is 34.``, ``$2^{100}$ divided by 7 leaves 2``) does not."""
-    text = _TAIL_POLITE.sub("", text).strip().rstrip(".!").strip()
+    text = _without_politeness(text).rstrip(".!").strip()
     start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
     sentence = text[start:]
     spans = math_spans(sentence)
-    if spans and _VALUE_SPAN.search(span_text(spans[-1])):
+    if spans and _states_value(span_text(spans[-1])):
         return None
     return closing_number(sentence)
 
@@ -314,7 +340,7 @@ def _money(text: str) -> str:
     """GSM8K-style prose writes amounts with a bare ``$`` (``costs $5 and $6``): when a
     ``$...$`` span closes right before a digit, every ``$`` before a digit is a currency sign
     and is escaped, so no rule reads ``5 and`` as a math span."""
-    if not any(m.group("s") is not None and text[m.end():m.end() + 1].isdigit()
+    if not any(m.kind == "s" and text[m.end:m.end + 1].isdigit()
                for m in math_spans(text)):
         return text
     return _CURRENCY.sub(r"\\$", text)

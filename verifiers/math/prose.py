@@ -16,6 +16,8 @@ the mathematics out of it instead:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 from rewardd.verifiers.math.normalize import KNOWN_UNITS
 
@@ -44,9 +46,24 @@ NUMERIC = re.compile(
 ``\\frac{a}{b}``, a mixed number or an integer power; not preceded by a letter, digit, point
 or backslash (``AZ2B``, ``x2``, ``\\log_2``) and not followed by a letter (``2B``)."""
 
-_CONNECTORS = re.compile(r"^[\s,;]*(?:(?:or|and|,|;)[\s,;]*)*$", re.IGNORECASE)
-_SPAN = re.compile(r"(?<!\\)\$\$(?P<d>.+?)(?<!\\)\$\$|(?<!\\)\$(?P<s>[^$]+?)(?<!\\)\$"
-                   r"|\\\((?P<p>.+?)\\\)|\\\[(?P<b>.+?)\\\]", re.DOTALL)
+_CONNECTORS = re.compile(r"^(?:[\s,;]|or|and)*$", re.IGNORECASE)
+_DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
+_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_KIND = {"$$": "d", "$": "s", "\\(": "p", "\\[": "b"}
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A math span: ``kind`` ``d`` (``$$``), ``s`` (``$``), ``p`` (``\\(``) or ``b`` (``\\[``);
+    ``start``/``end`` cover the delimiters, ``inner`` is what they enclose."""
+
+    start: int
+    end: int
+    kind: str
+    inner: str
+
+    def whole(self, text: str) -> str:
+        return text[self.start:self.end]
 
 
 def words(text: str) -> list[str]:
@@ -64,13 +81,52 @@ def is_prose(text: str) -> bool:
     return False
 
 
-def math_spans(text: str) -> list[re.Match[str]]:
-    """Every ``$..$``, ``$$..$$``, ``\\(..\\)`` and ``\\[..\\]`` span, in order."""
-    return list(_SPAN.finditer(text))
+def math_spans(text: str) -> list[Span]:
+    """Every ``$..$``, ``$$..$$``, ``\\(..\\)`` and ``\\[..\\]`` span, in order.
+
+    One pass over the delimiters (an escaped ``\\$`` and a ``\\\\`` line break are none): each
+    opener takes the next delimiter of its kind, an opener left without one is skipped, so
+    a text of unclosed ``\\(`` costs linear time (a lazy regex would rescan to the end from
+    every opener)."""
+    tokens = [(m.start(), m.group(0)) for m in _DELIMITER.finditer(text)
+              if m.group(0) not in ("\\\\", "\\$")]
+    # the index of the next token of each closing family after each token, right to left
+    following: dict[str, list[int]] = {"$": [], "\\)": [], "\\]": []}
+    upcoming = {family: len(tokens) for family in following}
+    for index in range(len(tokens) - 1, -1, -1):
+        for family, found in following.items():
+            found.append(upcoming[family])
+        upcoming["$" if tokens[index][1] in ("$", "$$") else tokens[index][1]] = index
+    for found in following.values():
+        found.reverse()
+    spans, i = [], 0
+    while i < len(tokens):
+        start, token = tokens[i]
+        closer = _CLOSER.get(token)
+        if closer is None:
+            i += 1
+            continue
+        j = following["$" if token in ("$", "$$") else closer][i]
+        if j < len(tokens) and tokens[j][1] == closer:
+            inner = text[start + len(token):tokens[j][0]]
+            if inner.strip():
+                spans.append(Span(start, tokens[j][0] + len(closer), _KIND[token], inner))
+                i = j + 1
+                continue
+        i += 1
+    return spans
 
 
-def span_text(match: re.Match[str]) -> str:
-    return next(g for g in match.group("d", "s", "p", "b") if g is not None).strip()
+def span_text(span: Span) -> str:
+    return span.inner.strip()
+
+
+def _replace_spans(text: str, spans: list[Span], replace: Callable[[Span], str]) -> str:
+    out, position = [], 0
+    for span in spans:
+        out += [text[position:span.start], replace(span)]
+        position = span.end
+    return "".join(out + [text[position:]])
 
 
 def last_numeric(text: str) -> str | None:
@@ -91,6 +147,9 @@ _COPULA = re.compile(
 _NUMBERS_THEN_WORDS = re.compile(
     r"^(?P<n>\S+?(?:(?:\s*,\s+(?:and\s+|or\s+)?|\s+(?:and|or)\s+)\S+?)*)"
     r"(?:\s+[A-Za-z][A-Za-z\-']*){0,4}$")
+_CLOSING_CHARS = 160
+"""A closing number is read in the last 160 characters of a sentence: "is" and a few numbers
+and words; a bound that keeps the rule linear however long the sentence."""
 _LIST_SEPARATOR = re.compile(r"\s*,\s+(?:and\s+|or\s+)?|\s+(?:and|or)\s+")
 """Between the numbers of a list: a comma and a space (``1,000`` is one number), "and", "or"."""
 
@@ -99,6 +158,7 @@ def closing_number(sentence: str) -> str | None:
     """The number a sentence ends on after "is"/"equals"/"=" and at most four words
     (``the largest $n$ is 34``, ``x equals 4``, ``she has 18 dollars left``), or the numbers
     (``it is 5 and 6`` -> ``5, 6``), else None."""
+    sentence = sentence[-_CLOSING_CHARS:]
     for m in reversed(list(_COPULA.finditer(sentence))):
         tail = _NUMBERS_THEN_WORDS.match(sentence[m.end():].strip())
         if tail is None:
@@ -121,13 +181,14 @@ def tidy(phrase: str) -> str:
     without prose is kept."""
     spans = math_spans(phrase)
     if spans:
-        outside = _SPAN.sub(" ", phrase)
+        outside = _replace_spans(phrase, spans, lambda m: " ")
         inner = [span_text(m) for m in spans if span_text(m)]
         if inner and _CONNECTORS.match(outside):
             return ", ".join(inner)
         if inner and is_prose(outside):
             return inner[0]
-        return re.sub(r"\s+", " ", _SPAN.sub(lambda m: f" {span_text(m)} ", phrase)).strip()
+        return re.sub(r"\s+", " ", _replace_spans(phrase, spans,
+                                                  lambda m: f" {span_text(m)} ")).strip()
     if not is_prose(phrase):
         return phrase
     if (m := first_numeric(phrase)) is not None and m.start() == 0:
@@ -135,6 +196,6 @@ def tidy(phrase: str) -> str:
     return closing_number(phrase) or phrase
 
 
-__all__ = ["FILLER", "NUMERIC", "closing_number", "first_numeric", "is_prose", "last_numeric",
+__all__ = ["FILLER", "NUMERIC", "Span", "closing_number", "first_numeric", "is_prose", "last_numeric",
            "math_spans", "span_text",
            "tidy", "words"]
