@@ -90,6 +90,11 @@ class GrpoParams(ShapingParams):
     """What r_i - mean_g r is divided by (TRL's GRPOConfig.scale_rewards): ``group``, the
     group's std plus eps; ``batch``, the std of every included reward of the batch (unbiased,
     TRL's nanstd) plus eps; ``none``, nothing (Dr. GRPO's numbers)."""
+    var_floor: float = Field(0.0, ge=0.0, le=1.0)
+    """Floor of the group variance before its square root: std = sqrt(max(var, var_floor)),
+    verl's ``group_mean_std`` (its ``grpo_vectorized`` pins 1e-6, verl's epsilon, as issue 16
+    measured it; verl 0.9.1 calls it with 0, which is plain ``grpo``). A group with spread but a
+    variance under the floor is divided by sqrt(var_floor) + eps instead of its tiny std."""
 
 
 @register("grpo", formula="a_i = (r_i - mean_g r) / (std_g r + eps)",
@@ -104,7 +109,10 @@ def grpo(batch: AdvantageBatch, params: GrpoParams, pins: Pins) -> Tensor | Adva
     g = batch.group
     adv = batch.rewards - stats.mean[g]
     if params.scale_rewards == "group":
-        adv = adv / (torch.nan_to_num(stats.std, nan=0.0)[g] + eps)
+        std = torch.nan_to_num(stats.std, nan=0.0)
+        if params.var_floor > 0.0:
+            std = torch.sqrt(torch.clamp(std * std, min=params.var_floor))
+        adv = adv / (std[g] + eps)
     elif params.scale_rewards == "batch":
         included = batch.rewards[batch.valid]
         spread = included.std(correction=pins.std_ddof) if included.numel() > pins.std_ddof \

@@ -139,10 +139,10 @@ class Alias:
 
 ALIASES: dict[Profile, dict[str, Alias]] = {
     Profile.verl: {
-        "grpo_vectorized": Alias("grpo", note=(
-            "verl compute_grpo_vectorized_outcome_advantage: group_mean_std(eps=0.0), so its "
-            "variance floor sqrt(clamp(var, min=0)) is no floor; then / (std + epsilon), the "
-            "same numbers as grpo")),
+        "grpo_vectorized": Alias("grpo", {"var_floor": 1e-6}, note=(
+            "verl compute_grpo_vectorized_outcome_advantage with group_mean_std's variance "
+            "floor: std = sqrt(clamp(var, min=1e-6)), then / (std + epsilon) (issue 16's "
+            "contract, verl at b178a3c); verl 0.9.1 calls group_mean_std(eps=0.0): use grpo")),
         "rloo_vectorized": Alias("rloo", {"singleton": "zero"}, note=(
             "verl compute_rloo_vectorized_outcome_advantage: (c r - sum) / max(c - 1, 1) "
             "* (c > 1), so a lone rollout gets 0")),

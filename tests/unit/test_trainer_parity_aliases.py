@@ -45,15 +45,25 @@ def test_rloo_vectorized_gives_a_lone_rollout_zero_where_verls_rloo_keeps_r():
         scalar(groups, "rloo_vectorized", "verl")
 
 
-def test_grpo_vectorized_is_grpo_under_verl_variance_floor_zero():
-    # [1,0,0,0]: mean .25, unbiased std .5; verl calls group_mean_std(eps=0.0): no floor
+def test_grpo_vectorized_floors_the_group_variance_at_verls_epsilon():
+    # verl's group_mean_std: std = sqrt(clamp(var, min=1e-6)), then / (std + 1e-6).
+    # [1,0,0,0]: var .25, above the floor; [0, 1e-4]: var 5e-9, floored to 1e-6 (std 1e-3);
+    # a singleton keeps r / (1 + eps) as verl's grpo
     got = scalar([[1.0, 0.0, 0.0, 0.0], [3.0], [0.0, 1e-4]], "grpo_vectorized", "verl")
-    small_std = (2 * (0.5e-4) ** 2) ** 0.5  # a floor of sqrt(1e-6) would have given 1e-3
     assert got == pytest.approx([0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001,
                                  -0.25 / 0.500001, 3.0 / 1.000001,
-                                 -0.5e-4 / (small_std + 1e-6), 0.5e-4 / (small_std + 1e-6)],
-                                rel=1e-12)
-    assert got == scalar([[1.0, 0.0, 0.0, 0.0], [3.0], [0.0, 1e-4]], "grpo", "verl")
+                                 -0.5e-4 / (1e-3 + 1e-6), 0.5e-4 / (1e-3 + 1e-6)], rel=1e-12)
+    # plain grpo has no floor (verl 0.9.1's grpo_vectorized, which passes eps=0.0)
+    small_std = (2 * (0.5e-4) ** 2) ** 0.5
+    plain = scalar([[0.0, 1e-4]], "grpo", "verl")
+    assert plain == pytest.approx([-0.5e-4 / (small_std + 1e-6), 0.5e-4 / (small_std + 1e-6)],
+                                  rel=1e-12)
+    assert scalar([[0.0, 1e-4]], "grpo", "verl", {"var_floor": 1e-6}) == got[5:]
+
+
+def test_grpo_vectorized_pins_its_floor():
+    [err] = errors("grpo_vectorized", "verl", {"var_floor": 0.0})
+    assert err["loc"][-1] == "var_floor"
 
 
 @pytest.mark.parametrize("alias, entry, profile", [
