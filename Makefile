@@ -178,6 +178,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_load.py
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
+	$(PY) tests/benchmarks/bench_grpc.py
 
 openapi: install
 	$(VENV)/bin/rewardd openapi
