@@ -43,6 +43,8 @@ class Parts:
 
 def strip_template(text: str) -> str:
     """The assistant's turn alone: role headers dropped, cut at the first turn boundary."""
+    if "<" not in text and "[INST]" not in text:
+        return text  # no template token can be in it (the common case, kept cheap)
     while (m := _HEADER.match(text)) is not None and m.end() > 0:
         text = text[m.end():]
     end = _TURN_END.search(text)
@@ -52,6 +54,8 @@ def strip_template(text: str) -> str:
 def split_completion(text: str) -> Parts:
     """Template debris removed, then the answer split from the reasoning at ``</think>``."""
     text = strip_template(text)
+    if "</" not in text:
+        return Parts(text)
     closes = list(_THINK_CLOSE.finditer(text))
     if not closes:
         return Parts(text)

@@ -71,15 +71,11 @@ _PHRASE_CHARS = 2_000
 linear in the completion's length)."""
 _CANDIDATES = 32
 """How many of the last "the answer is" / "Answer:" phrases are tried."""
+_WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
 _RELATION = re.compile(r"=|<|>|\\[lg]eq?(?![a-z])|\\neq?(?![a-z])")
-
-
-def _states_value(math: str) -> bool:
-    """A relation with a number in it (``y = 7``), not a name (``n``, ``2^{100}``)."""
-    return any(ch.isdigit() for ch in math) and _RELATION.search(math) is not None
 
 
 _MATH_LINE = re.compile(r"^(?=.*[\w\\])[\w\s\\{}^_+\-*/=<>()\[\].,:;|!'&%$]+$")
@@ -104,16 +100,18 @@ def clean_answer(text: str) -> str:
     text = text.strip()
     for _ in range(16):
         prev = text
-        text = _HEADING_MARK.sub("", text.rstrip(".").strip()).strip("*").strip()
-        for left, right in (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"),
-                            ("\\[", "\\]")):
-            inner = text[len(left):len(text) - len(right)]
-            if (len(text) >= len(left) + len(right) and text.startswith(left)
-                    and text.endswith(right) and not (left.startswith("$") and "$" in inner)):
-                text = inner.strip()
+        text = text.rstrip(".").strip()
+        if text.startswith("#"):
+            text = _HEADING_MARK.sub("", text)
+        text = text.strip("*").strip()
+        for left, right in _WRAPS:
+            if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
+                inner = text[len(left):len(text) - len(right)]
+                if not (left[0] == "$" and "$" in inner):
+                    text = inner.strip()
         if text == prev:
             break
-    if len(_UNESCAPED_DOLLAR.findall(text)) == 1:  # what is left of a span cut in half
+    if "$" in text and len(_UNESCAPED_DOLLAR.findall(text)) == 1:  # a span cut in half
         text = _LONE_DOLLAR.sub("", text).strip()
     return text
 
@@ -225,6 +223,11 @@ def _closing(text: str) -> str | None:
     if spans and _states_value(span_text(spans[-1])):
         return None
     return closing_number(sentence)
+
+
+def _states_value(math: str) -> bool:
+    """A relation with a number in it (``y = 7``), not a name (``n``, ``2^{100}``)."""
+    return any(ch.isdigit() for ch in math) and _RELATION.search(math) is not None
 
 
 def _last_number(text: str) -> str | None:
@@ -340,6 +343,8 @@ def _money(text: str) -> str:
     """GSM8K-style prose writes amounts with a bare ``$`` (``costs $5 and $6``): when a
     ``$...$`` span closes right before a digit, every ``$`` before a digit is a currency sign
     and is escaped, so no rule reads ``5 and`` as a math span."""
+    if _CURRENCY.search(text) is None:
+        return text
     if not any(m.kind == "s" and text[m.end:m.end + 1].isdigit()
                for m in math_spans(text)):
         return text
