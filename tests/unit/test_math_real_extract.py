@@ -163,6 +163,8 @@ def test_reference_answer(reference, answer):
     ("we get 1,000 apples", "1,000", "closing"),
     ("Both $x = 2$ and $y = 7$ hold, and the sum is 9.", "y = 7", "dollar"),
     ("Since $3^2 = 9$, the largest $n$ is 3.", "3", "closing"),
+    ("It is not 8.", None, "no_answer"),
+    ("So the answer is 5? Check: the product is 6.", "6", "closing"),
 ])
 def test_extraction_rule_and_answer(completion, answer, rule):
     found = extract_answer(completion)

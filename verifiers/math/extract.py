@@ -75,6 +75,8 @@ _WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
+_DENIAL = re.compile(r"\b(?:is|are|was|equals?|be)\s+not\s+(?:equal\s+to\s+)?\$?-?[\d.,/]+\$?"
+                     r"[\s.!]*$", re.IGNORECASE)
 _RELATION = re.compile(r"=|<|>|\\[lg]eq?(?![a-z])|\\neq?(?![a-z])")
 
 
@@ -149,7 +151,10 @@ def _phrase(tail: str, rest: str) -> str | None:
         tail = lines[0]
     if tail.lstrip().startswith("}"):  # $\text{the answer is } 17$: the phrase was in text
         tail = tail.lstrip()[1:]
-    answer = clean_answer(tail[:_sentence_end(tail)])
+    end = _sentence_end(tail)
+    if tail[end:end + 1] == "?":
+        return None  # "the answer is 5? Let me check": a question is no answer
+    answer = clean_answer(tail[:end])
     return tidy(answer) or None
 
 
@@ -231,6 +236,8 @@ def _states_value(math: str) -> bool:
 
 
 def _last_number(text: str) -> str | None:
+    if _DENIAL.search(text[-200:]) is not None:
+        return None  # "... so it is not 8.": the last number is what the text rules out
     number = last_numeric(text)
     return number.replace(",", "") if number is not None else None
 
