@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping
 from rewardd.advantages.models import Profile
 
 SingletonRule = Literal["zero", "mean0_std1"]
+HoleRule = Literal["carry", "reset", "step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +73,17 @@ class Pins:
     with a non-zero reward (verl's compute_gpg_outcome_advantage)."""
     whitening: Mapping[str, Whitening] = field(default_factory=dict)
     """Entries this trainer whitens over the whole batch, each with the trainer's formula."""
-    holes: Literal["carry", "step"] = "carry"
-    """Mask-0 tokens inside a response (tool output) in gae and reinforce_pp. ``carry``: they
-    take no part, a return or advantage is carried across them with no discount step (verl
-    0.9.1's reinforce_plus_plus and gae skip observation tokens). ``step``: each counts as a
-    step with reward 0 and value 0, discounted like any other (OpenRLHF masks rewards and
-    values with the action mask and runs its recursion over every position)."""
+    holes: Mapping[str, HoleRule] = field(default_factory=dict)
+    """Per entry (gae, reinforce_pp), the rule for mask-0 tokens inside a response (tool
+    output); an entry not listed carries. ``carry``: they take no part, a return or
+    advantage is carried across them with no discount step (verl 0.9.1's
+    reinforce_plus_plus, and verl's gae in every version, skip observation tokens).
+    ``reset``: each one ends the recursion, so the tokens before it see nothing after it
+    (verl's reinforce_plus_plus before 0.9.1, ``running = running * mask[:, t]`` at b178a3c,
+    the rule issue 16 measured: verl pins it for reinforce_pp and ``carry`` for gae).
+    ``step``: each counts as a step with reward 0 and value 0, discounted like any other
+    (OpenRLHF masks rewards and values with the action mask and runs its recursion over
+    every position). The ``holes`` param of gae and reinforce_pp overrides the pin."""
     missing: Literal["exclude", "nansum"] = "exclude"
     """A rollout with a failed (null) reward component and no fallback. ``exclude``: it
     leaves its group's baseline with advantage 0. ``nansum``: TRL's None, its reward is the
@@ -96,6 +102,11 @@ class Pins:
         """How ``entry`` is whitened when asked to be (the verl formula when not pinned)."""
         return self.whitening.get(entry, Whitening())
 
+    def holes_for(self, entry: str, override: HoleRule | None = None) -> HoleRule:
+        """The rule for mask-0 tokens inside a response in ``entry``: the request's
+        ``holes`` param, else the profile's pin, else ``carry``."""
+        return override if override is not None else self.holes.get(entry, "carry")
+
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["whitening"] = {name: asdict(w) for name, w in sorted(self.whitening.items())}
@@ -109,14 +120,16 @@ PROFILES: dict[Profile, Pins] = {
                               "reinforce_pp_baseline": VERL_WHITENING,
                               "gdpo": VERL_WHITENING}),
     Profile.verl: Pins(std_ddof=1, eps=1e-6, singleton="mean0_std1", equal_group_sizes=False,
-                       grouping="by uid", gpg_count="reward", whitening={
+                       grouping="by uid", gpg_count="reward",
+                       holes={"reinforce_pp": "reset", "gae": "carry"}, whitening={
                            "gae": VERL_WHITENING, "reinforce_pp": VERL_WHITENING,
                            "reinforce_pp_baseline": VERL_WHITENING, "gdpo": VERL_WHITENING}),
     Profile.trl: Pins(std_ddof=1, eps=1e-4, singleton="zero", equal_group_sizes=False,
                       grouping="contiguous blocks", missing="nansum", whitening={
                           "gae": VERL_WHITENING, "gdpo": TRL_GDPO_WHITENING}),
     Profile.openrlhf: Pins(std_ddof=1, eps=1e-9, singleton="zero", equal_group_sizes=True,
-                           grouping="contiguous blocks", holes="step", clip_range=(-10.0, 10.0),
+                           grouping="contiguous blocks", clip_range=(-10.0, 10.0),
+                           holes={"reinforce_pp": "step", "gae": "step"},
                            whitening={
                                "gae": OPENRLHF_WHITENING, "reinforce_pp": OPENRLHF_WHITENING,
                                "reinforce_pp_baseline": OPENRLHF_WHITENING}),

@@ -7,10 +7,14 @@ and no discount, so a return or an advantage is carried across a mask-0 span as 
 were not there (gamma and lambda apply once per step from one kept token to the next). This
 is verl's rule for GAE on multi-turn responses (``compute_gae_advantage_return`` skips values
 and TD errors on observation tokens) and, in verl 0.9.1, for reinforce_plus_plus too: the
-``carry`` rule of ``Pins.holes``. Under the openrlhf profile (``step``) a mask-0 token before
+``carry`` rule of ``Pins.holes``. Under ``reset`` (verl's reinforce_plus_plus before 0.9.1)
+a mask-0 token ends the recursion: each run of mask-1 tokens is scanned as if it ended the
+rollout, so the tokens before a hole see no reward, value or advantage after it. Under the
+openrlhf profile (``step``) a mask-0 token before
 the rollout's last mask-1 token is kept in the layout as a step with reward 0 and value 0,
 as OpenRLHF masks rewards and values and runs its recursion over every position; whitening
-still counts the mask-1 tokens only. The per-token rewards are
+still counts the mask-1 tokens only. The request's ``holes`` param overrides the profile's
+rule. The per-token rewards are
 
     r_t = token_rewards_t - kl_coef * kl_t     (each 0 where not sent)
 
@@ -39,7 +43,7 @@ from torch import Tensor
 from rewardd.advantages.batch import AdvantageBatch, Advantages
 from rewardd.advantages.groups import whiten, whiten_rollouts_over_tokens
 from rewardd.advantages.models import FiniteFloat
-from rewardd.advantages.profiles import Pins, Whitening
+from rewardd.advantages.profiles import HoleRule, Pins, Whitening
 from rewardd.advantages.registry import EstimatorParams, register
 
 
@@ -99,6 +103,15 @@ class KeptTokens:
     hole: Tensor | None = None
     """bool [M]: kept positions that are mask-0 tokens (the ``step`` rule for holes: they
     take part as steps with reward 0 and value 0); None under ``carry``."""
+    cut: Tensor | None = None
+    """bool [M]: kept tokens followed by a mask-0 token inside their rollout, where the
+    ``reset`` rule ends the recursion; None when no token is cut (every other rule)."""
+
+    @property
+    def ends(self) -> Tensor:
+        """bool [M]: where a recursion segment ends: the rollout's last kept token, and
+        under ``reset`` every kept token before a hole."""
+        return self.last if self.cut is None else self.last | self.cut
 
     @property
     def size(self) -> int:
@@ -109,14 +122,15 @@ class KeptTokens:
         return values if self.index is None else values[self.index]
 
     def decay(self, factor: float) -> Tensor:
-        """float64 [M]: ``factor`` between consecutive kept tokens of a rollout, 0 at its end."""
-        return (~self.last).to(torch.float64).mul_(factor)
+        """float64 [M]: ``factor`` between consecutive kept tokens of a segment, 0 at its
+        end."""
+        return (~self.ends).to(torch.float64).mul_(factor)
 
     def next_of(self, values: Tensor) -> Tensor:
-        """float64 [M]: the value at the rollout's next kept token, 0 after its last."""
+        """float64 [M]: the value at the segment's next kept token, 0 after its last."""
         shifted = torch.zeros_like(values)
         shifted[:-1] = values[1:]
-        return shifted.masked_fill_(self.last, 0.0)
+        return shifted.masked_fill_(self.ends, 0.0)
 
     def scatter(self, values: Tensor, total: int) -> Tensor:
         """float64 [N]: ``values`` at the kept positions (-0.0 made +0.0), +0.0 elsewhere.
@@ -128,10 +142,11 @@ class KeptTokens:
         return out
 
 
-def kept_tokens(batch: AdvantageBatch, holes: str = "carry") -> KeptTokens:
-    """The layout of the scans. ``holes``: the profile's rule for mask-0 tokens inside a
-    response (``Pins.holes``): ``carry`` leaves them out, ``step`` keeps every position up
-    to the rollout's last mask-1 token, the mask-0 ones flagged in ``hole``."""
+def kept_tokens(batch: AdvantageBatch, holes: HoleRule = "carry") -> KeptTokens:
+    """The layout of the scans. ``holes``: the rule for mask-0 tokens inside a response
+    (``Pins.holes_for``): ``carry`` leaves them out, ``reset`` leaves them out and cuts the
+    recursion before each (``cut``), ``step`` keeps every position up to the rollout's last
+    mask-1 token, the mask-0 ones flagged in ``hole``."""
     if batch.mask is None and bool(batch.valid.all()):
         last = torch.zeros(batch.total_tokens, dtype=torch.bool)
         present = batch.num_tokens > 0
@@ -150,8 +165,13 @@ def kept_tokens(batch: AdvantageBatch, holes: str = "carry") -> KeptTokens:
     last = torch.ones_like(rollout, dtype=torch.bool)
     last[:-1] = rollout[1:] != rollout[:-1]
     hole = ~batch.token_mask[index] if mask is not counted else None
+    cut = None
+    if holes == "reset":  # a gap between kept tokens of one rollout is a hole
+        cut = torch.zeros_like(last)
+        cut[:-1] = (index[1:] != index[:-1] + 1) & ~last[:-1]
+        cut = cut if bool(cut.any()) else None
     return KeptTokens(index=index, rollout=rollout, last=last, mask=mask, counted=counted,
-                      hole=hole)
+                      hole=hole, cut=cut)
 
 
 def _gather_steps(kept: KeptTokens, values: Tensor) -> Tensor:
@@ -193,12 +213,13 @@ def outcome_only(batch: AdvantageBatch, kl_coef: float) -> bool:
 
 def kept_returns(batch: AdvantageBatch, kept: KeptTokens, gamma: float,
                  kl_coef: float) -> Tensor:
-    """float64 [M]: G_t = r_t + gamma G_{t+1} over the kept tokens.
+    """float64 [M]: G_t = r_t + gamma G_{t+1} over the kept tokens (0 past a segment's end).
 
     When the outcome reward is the only reward (no token_rewards, no KL term: the common
-    case) G has a closed form, r_i gamma^(kept tokens after t), one pass instead of a scan.
+    case) and no hole cuts a rollout, G has a closed form, r_i gamma^(kept tokens after t),
+    one pass instead of a scan.
     """
-    if outcome_only(batch, kl_coef):
+    if outcome_only(batch, kl_coef) and kept.cut is None:
         if kept.index is None and batch.uniform_length is not None:
             returns = batch.rewards.repeat_interleave(batch.uniform_length)
         else:
@@ -245,7 +266,14 @@ def check_clip_range(value: tuple[float, float] | None) -> tuple[float, float] |
 class ReturnsParams(EstimatorParams):
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """Discount per step between consecutive kept (mask-1) tokens; mask-0 tokens do not
-    count as steps. 1.0 is verl's default."""
+    count as steps (but see ``holes``). 1.0 is verl's default."""
+    holes: HoleRule | None = None
+    """Mask-0 tokens inside a response (tool output): ``carry``, the return (or advantage)
+    is carried across them with no step (verl 0.9.1's reinforce_plus_plus, verl's gae);
+    ``reset``, each ends the recursion, the tokens before it see nothing after it (verl's
+    reinforce_plus_plus before 0.9.1); ``step``, each is a step with reward 0 and value 0
+    (OpenRLHF). Unset: the profile's (verl: reset for reinforce_pp, carry for gae; openrlhf:
+    step; rewardd, trl: carry)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the per-token KL penalty sent as ``kl``: r_t -= kl_coef * kl_t."""
     whiten: bool | None = None
@@ -274,17 +302,18 @@ def reinforce_pp(batch: AdvantageBatch, params: ReturnsParams, pins: Pins) -> Ad
     the returns whitened over the batch's mask-1 tokens when the profile (or ``whiten``)
     says so; ``returns`` are the unwhitened G.
 
-    Mask-0 tokens inside a response follow the profile's ``holes`` rule: carried across
-    (rewardd, verl 0.9.1, trl) or, under openrlhf, counted as steps with reward 0 that are
-    discounted like any other (OpenRLHF's get_cumulative_returns). With mask-0 tokens only
-    at the end of a response, and with gamma 1, the rules agree. ``clip_range`` clips the
-    outcome reward first; ``no_std_norm`` centres without scaling."""
+    Mask-0 tokens inside a response follow the ``holes`` param, else the profile's rule:
+    carried across (rewardd, trl; verl 0.9.1), reset (verl: the return restarts at 0 before
+    each hole, verl's loop before 0.9.1) or, under openrlhf, counted as steps with reward 0
+    that are discounted like any other (OpenRLHF's get_cumulative_returns). With mask-0
+    tokens only at the end of a response the rules agree; with gamma 1 carry and step agree.
+    ``clip_range`` clips the outcome reward first; ``no_std_norm`` centres without scaling."""
     batch = clipped(batch, params.clip_range, pins)
     how = whitening("reinforce_pp", pins, params.no_std_norm)
-    kept = kept_tokens(batch, pins.holes)
+    kept = kept_tokens(batch, pins.holes_for("reinforce_pp", params.holes))
     returns = kept_returns(batch, kept, params.gamma, params.kl_coef)
     dense = kept.scatter(returns, batch.total_tokens)  # may be ``returns`` itself: no reuse
-    if params.gamma == 1.0 and outcome_only(batch, params.kl_coef):
+    if params.gamma == 1.0 and outcome_only(batch, params.kl_coef) and kept.cut is None:
         # G is the outcome reward on every kept token: one value per rollout, whitened over
         # the tokens from token counts, never broadcast
         counts = torch.where(batch.valid, batch.mask_counts, torch.zeros_like(batch.mask_counts))
@@ -317,11 +346,13 @@ def gae(batch: AdvantageBatch, params: GaeParams, pins: Pins) -> Advantages:
     for observation tokens (OpenRLHF and TRL handle only trailing padding). Rewards as in
     reinforce_pp. ``returns`` = A + V before whitening (the critic's target). Under the
     openrlhf profile a mask-0 token inside a response is a step with reward 0 and value 0
-    (OpenRLHF's get_advantages_and_returns masks both with the action mask)."""
+    (OpenRLHF's get_advantages_and_returns masks both with the action mask). ``holes``
+    overrides the profile: ``reset`` ends the recursion before each hole (V after it is 0
+    and A restarts), as reinforce_pp's reset."""
     if batch.values is None:
         raise ValueError("gae needs per-token values on every rollout")
     batch = clipped(batch, params.clip_range, pins)
-    kept = kept_tokens(batch, pins.holes)
+    kept = kept_tokens(batch, pins.holes_for("gae", params.holes))
     values = _gather_steps(kept, batch.values)
     if params.lam == 1.0:  # the TD errors telescope: A_t = G_t - V_t, and the returns are G
         returns = kept_returns(batch, kept, params.gamma, params.kl_coef)

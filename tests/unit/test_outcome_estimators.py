@@ -570,10 +570,10 @@ def test_catalogue_lists_every_new_entry_with_documented_params():
     entries = {e.name: e for e in list_estimators("estimator")}
     assert set(ALL_NEW) <= set(entries)
     params = {name: {p.name: p.default for p in entries[name].params} for name in ALL_NEW}
-    assert params["reinforce_pp"] == {"gamma": 1.0, "kl_coef": 0.0, "whiten": None,
-                                      "no_std_norm": False, "clip_range": None}
-    assert params["gae"] == {"gamma": 1.0, "kl_coef": 0.0, "whiten": None, "lam": 1.0,
-                             "no_std_norm": False, "clip_range": None}
+    assert params["reinforce_pp"] == {"gamma": 1.0, "holes": None, "kl_coef": 0.0,
+                                      "whiten": None, "no_std_norm": False, "clip_range": None}
+    assert params["gae"] == {"gamma": 1.0, "holes": None, "kl_coef": 0.0, "whiten": None,
+                             "lam": 1.0, "no_std_norm": False, "clip_range": None}
     assert params["passk"] == {"k": 1, "threshold": 0.5, "eps": None}
     assert params["gpg"] == {"count": None}
     assert entries["gae"].inputs == ["rewards", "values"]

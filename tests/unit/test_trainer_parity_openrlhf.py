@@ -42,12 +42,15 @@ def close(got: list[list[float]], expected: list[list[float]], **tolerance: floa
 HOLED = [[rollout(0, 1.0, 3, mask=[1, 0, 1], values=[0.5, 9.0, 0.25])]]
 
 
-def test_reinforce_holes_are_discounted_steps_under_openrlhf_and_carried_under_verl():
+def test_reinforce_holes_are_discounted_steps_under_openrlhf_and_reset_under_verl():
     # OpenRLHF get_cumulative_returns over positions 0..2, rewards [0, 0, 1] (hole masked):
-    # G2 = 1, G1 = .5, G0 = .25; verl 0.9.1 carries across the hole: G0 = .5 (one step)
+    # G2 = 1, G1 = .5, G0 = .25; verl (b178a3c) resets the return at the hole: G0 = 0;
+    # verl 0.9.1 (holes: carry) carries across it: G0 = .5 (one step)
     params = {"gamma": 0.5, "whiten": False}
     assert dense(HOLED, "reinforce", "openrlhf", params) == [[0.25, 0.0, 1.0]]
-    assert dense(HOLED, "reinforce_plus_plus", "verl", params) == [[0.5, 0.0, 1.0]]
+    assert dense(HOLED, "reinforce_plus_plus", "verl", params) == [[0.0, 0.0, 1.0]]
+    assert dense(HOLED, "reinforce_plus_plus", "verl", {**params, "holes": "carry"}) == \
+        [[0.5, 0.0, 1.0]]
     assert dense(HOLED, "reinforce_pp", "rewardd", params) == [[0.5, 0.0, 1.0]]
     assert dense(HOLED, "reinforce_pp", "trl", params) == [[0.5, 0.0, 1.0]]
 
