@@ -160,12 +160,21 @@ VERL_PARITY = [
     {"name": "rloo", "verl": "rloo", "spec": {"estimator": "rloo", "profile": "verl"}},
     {"name": "rloo_vectorized", "verl": "rloo_vectorized",
      "spec": {"estimator": "rloo_vectorized", "profile": "verl"}},
-    {"name": "reinforce_plus_plus", "verl": "reinforce_plus_plus",
-     "spec": {"estimator": "reinforce_plus_plus", "profile": "verl"}},
-    {"name": "reinforce_plus_plus gamma=0.9 kl_coef=0.1", "verl": "reinforce_plus_plus",
-     "gamma": 0.9, "kl_coef": 0.1, "inputs": {"kl": True},
+    # verl 0.9.1 carries the running return across mask-0 tokens: holes "carry"
+    {"name": "reinforce_plus_plus holes=carry", "verl": "reinforce_plus_plus",
      "spec": {"estimator": "reinforce_plus_plus", "profile": "verl",
-              "params": {"gamma": 0.9, "kl_coef": 0.1}}},
+              "params": {"holes": "carry"}}},
+    {"name": "reinforce_plus_plus gamma=0.9 kl_coef=0.1 holes=carry",
+     "verl": "reinforce_plus_plus", "gamma": 0.9, "kl_coef": 0.1, "inputs": {"kl": True},
+     "spec": {"estimator": "reinforce_plus_plus", "profile": "verl",
+              "params": {"gamma": 0.9, "kl_coef": 0.1, "holes": "carry"}}},
+    # verl before 0.9.1 (b178a3c, issue 16's contract) resets it: the profile's default
+    {"name": "reinforce_plus_plus (b178a3c reset)", "verl": "reinforce_plus_plus_b178a3c",
+     "spec": {"estimator": "reinforce_plus_plus", "profile": "verl"}},
+    {"name": "reinforce_plus_plus gamma=0.9 kl_coef=0.1 (b178a3c reset)",
+     "verl": "reinforce_plus_plus_b178a3c", "gamma": 0.9, "kl_coef": 0.1,
+     "inputs": {"kl": True}, "spec": {"estimator": "reinforce_plus_plus", "profile": "verl",
+                                      "params": {"gamma": 0.9, "kl_coef": 0.1}}},
     {"name": "reinforce_plus_plus_baseline", "verl": "reinforce_plus_plus_baseline",
      "spec": {"estimator": "reinforce_plus_plus_baseline", "profile": "verl"}},
     {"name": "gae gamma=0.95 lam=0.9", "verl": "gae", "gamma": 0.95, "lam": 0.9,
@@ -178,11 +187,21 @@ def test_every_verl_option_matches_verls_own_estimators_in_float64(tmp_path):
     """Issue 16's acceptance for verl: each option on 64x8, 32x16, 128x2, ragged groups with
     singletons and masks with holes, within 2e-7 of verl's function in float64 (mask-1
     tokens). verl 0.9.1's reinforce_plus_plus carries the running return across a mask-0
-    token (no reward, no discount step there), which is rewardd's rule."""
+    token (no reward, no discount step there): rewardd's ``holes: "carry"``. The verl
+    profile's default for reinforce_pp is ``reset``, verl's loop before 0.9.1 (at b178a3c,
+    which issue 16 measured): the installed verl no longer has it, so
+    tests/trainers/scripts/parity_verl.py writes that loop out (``reinforce_pp_reset``,
+    whitened by the installed masked_whiten) and rewardd's default is compared with it."""
     from tests.trainers.parity import TOLERANCE, compare
 
     python = trainer_python("REWARDD_VERL_PYTHON", "test-verl")
-    found = compare(python, "parity_verl.py", VERL_PARITY, tmp_path)
+    crossed = {"name": "reset (profile default) against verl 0.9.1", "verl": "reinforce_plus_plus",
+               "spec": {"estimator": "reinforce_plus_plus", "profile": "verl"}}
+    found = compare(python, "parity_verl.py", VERL_PARITY + [crossed], tmp_path)
+    # the two verl versions differ where a hole sits inside a response, and only there
+    versions = found.pop(crossed["name"])
+    assert versions["holes"] > 1e-3, versions
+    assert all(v <= TOLERANCE for batch, v in versions.items() if batch != "holes"), versions
     worst = {option: max(row.values()) for option, row in found.items()}
     assert all(value <= TOLERANCE for value in worst.values()), worst
 

@@ -12,6 +12,11 @@ holes), the uids as index. Tensors are float64. ``group_mean_std`` (behind grpo_
 casts to float32 inside; it is rebuilt from its installed source with float64 in place of
 float32 and set on core_algos, so the comparison is with verl's formula, not its rounding.
 Nothing of rewardd is imported: this environment holds verl.
+
+``reinforce_plus_plus_b178a3c`` is verl's reinforce_plus_plus before 0.9.1 (at b178a3c, the
+commit issue 16 measured), which resets the running return at mask-0 tokens: the installed
+verl 0.9.1 carries it across them instead, so that loop is written out below
+(:func:`reinforce_pp_reset`), whitened by the installed ``masked_whiten``.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ import numpy as np
 import torch
 import verl.utils.groupwise as groupwise
 from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as verl_F
 
 MAX_LEN = 12
 DTYPE = torch.float64
 """float64, or the trainer's own float32 with ``native`` (the zero-spread noise of item 5)."""
+RESET = "reinforce_plus_plus_b178a3c"
+"""verl's reinforce_plus_plus before 0.9.1: :func:`reinforce_pp_reset`."""
 
 
 def float64_group_mean_std() -> None:
@@ -62,12 +70,26 @@ def tensors(rows: list[dict[str, Any]], kl_coef: float) -> dict[str, Any]:
             "index": index}
 
 
+def reinforce_pp_reset(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                       gamma: float) -> torch.Tensor:
+    """verl's compute_reinforce_plus_plus_outcome_advantage at b178a3c (not in 0.9.1)."""
+    returns = torch.zeros_like(token_level_rewards)
+    running_return = 0
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running_return = token_level_rewards[:, t] + gamma * running_return
+        returns[:, t] = running_return
+        running_return = running_return * response_mask[:, t]  # "Reset after EOS"
+    return verl_F.masked_whiten(returns, response_mask) * response_mask
+
+
 def run(option: dict[str, Any], rows: list[dict[str, Any]]) -> list[list[float]]:
     t = tensors(rows, option.get("kl_coef", 0.0))
-    fn = core_algos.get_adv_estimator_fn(option["verl"])
     config = SimpleNamespace(gamma=option.get("gamma", 1.0), lam=option.get("lam", 1.0))
     name = option["verl"]
-    if name == "gae":
+    fn = core_algos.get_adv_estimator_fn(name) if name != RESET else reinforce_pp_reset
+    if name == RESET:
+        adv = fn(t["token_level_rewards"], t["response_mask"], config.gamma)
+    elif name == "gae":
         adv, _ = fn(t["token_level_rewards"], t["values"], t["response_mask"],
                     gamma=config.gamma, lam=config.lam)
     elif name == "reinforce_plus_plus":
