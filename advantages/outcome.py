@@ -62,6 +62,13 @@ class ShapingParams(EstimatorParams):
     _lo_below_hi = field_validator("clip_range")(check_clip_range)
 
 
+def building_block(pins: Pins) -> Pins:
+    """``pins`` for grpo or dr_grpo run inside another estimator (segment, turn, gigpo,
+    bipace, tempo): without the profile's clip range, which OpenRLHF applies to its own
+    estimators' outputs only; the outer estimator's numbers are not clipped mid-way."""
+    return replace(pins, clip_range=None)
+
+
 def shaped(batch: AdvantageBatch, adv: Tensor, params: ShapingParams, pins: Pins
            ) -> Tensor | Advantages:
     """``adv`` clipped to the clip range and, with a KL weight, made per token:

@@ -28,10 +28,11 @@ from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
 from rewardd.advantages.groups import GroupStats, group_stats
-from rewardd.advantages.outcome import GrpoParams, dr_grpo, grpo
+from rewardd.advantages.outcome import (GrpoParams, ShapingParams, building_block, dr_grpo,
+                                        grpo)
 from rewardd.advantages.profiles import Pins
 from rewardd.advantages.errors import invalid
-from rewardd.advantages.registry import EstimatorParams, register
+from rewardd.advantages.registry import register
 from rewardd.advantages.models import Name
 
 Base = Literal["grpo", "dr_grpo"]
@@ -134,10 +135,10 @@ def relative(values: Tensor, keys: Tensor, include: Tensor, pins: Pins, base: Ba
     if values.numel() == 0:
         return torch.zeros_like(values)
     sub = _sets(values, keys, include)
-    zero_rule = replace(pins, singleton="zero")
+    zero_rule = replace(building_block(pins), singleton="zero")
     if base == "grpo":
         return grpo(sub, GrpoParams(eps=eps), zero_rule)
-    return dr_grpo(sub, EstimatorParams(), zero_rule)
+    return dr_grpo(sub, ShapingParams(), zero_rule)
 
 
 def discounted_suffix_sum(values: Tensor, remaining: Tensor, gamma: float) -> Tensor:
@@ -158,8 +159,8 @@ def discounted_suffix_sum(values: Tensor, remaining: Tensor, gamma: float) -> Te
 def base_advantage(batch: AdvantageBatch, base: Base, eps: float | None, pins: Pins) -> Tensor:
     """float64 [R]: grpo or dr_grpo of the batch's rewards under the profile's own rules."""
     if base == "grpo":
-        return grpo(batch, GrpoParams(eps=eps), pins)
-    return dr_grpo(batch, EstimatorParams(), pins)
+        return grpo(batch, GrpoParams(eps=eps), building_block(pins))
+    return dr_grpo(batch, ShapingParams(), building_block(pins))
 
 
 # ---- segment -------------------------------------------------------------------------------

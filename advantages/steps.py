@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
-from rewardd.advantages.outcome import GrpoParams, grpo
+from rewardd.advantages.outcome import GrpoParams, building_block, grpo
 from rewardd.advantages.profiles import Pins
 from rewardd.advantages.errors import invalid
 from rewardd.advantages.registry import register
@@ -41,7 +41,7 @@ def step_credit(batch: AdvantageBatch, steps: Spans, keys: Tensor, params: Gigpo
                 pins: Pins) -> Advantages:
     """A = A_episode + omega * A_step on each step's tokens, A_episode elsewhere; ``keys``
     [S] names each step's step group (equal keys: one group)."""
-    episode = grpo(batch, GrpoParams(eps=params.eps), pins)
+    episode = grpo(batch, GrpoParams(eps=params.eps), building_block(pins))
     rewards = torch.tensor([s.reward if s.reward is not None else 0.0 for s in steps.items],
                            dtype=torch.float64)
     if params.outcome_at_last_step and steps.size:

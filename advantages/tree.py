@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rewardd.advantages.batch import AdvantageBatch, Advantages
 from rewardd.advantages.groups import group_stats
-from rewardd.advantages.outcome import GrpoParams, grpo
+from rewardd.advantages.outcome import GrpoParams, building_block, grpo
 from rewardd.advantages.profiles import Pins
 from rewardd.advantages.registry import register
 
@@ -89,7 +89,7 @@ def tempo(batch: AdvantageBatch, params: TempoParams, pins: Pins) -> Advantages:
     units, a_i in GRPO's normalised units: beta sets their balance."""
     if batch.token_ids is None:
         raise ValueError("tempo needs token_ids")
-    a = grpo(batch, GrpoParams(eps=params.eps), pins)
+    a = grpo(batch, GrpoParams(eps=params.eps), building_block(pins))
     out = a[batch.token_rollout]
     stats = group_stats(batch, ddof=pins.std_ddof)
     token, td = branch_differences(batch, batch.valid.nonzero().squeeze(1), stats.zero_spread)
