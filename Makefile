@@ -170,6 +170,7 @@ redis:
 bench: install redis
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
+	$(PY) tests/benchmarks/bench_math_side_by_side.py
 	$(PY) tests/benchmarks/bench_code.py
 	$(PY) tests/benchmarks/bench_advantages.py
 	$(PY) tests/benchmarks/bench_client.py
