@@ -38,7 +38,8 @@ from rewardd.verifiers.math.answer import (Collection, ExprLeaf, Interval, Matri
                                    TextLeaf, Union_)
 from rewardd.verifiers.math.guards import fold
 from rewardd.verifiers.math.labels import Labelled
-from rewardd.verifiers.math.matrices import Determinant, evaluate_matrix_expression, is_matrix_expression
+from rewardd.verifiers.math.matrices import (Determinant, evaluate_matrix_expression,
+                                          is_matrix_expression)
 from rewardd.verifiers.math.normalize import Annotations
 from rewardd.verifiers.math.numbers import Number
 from rewardd.verifiers.math.precision import TooPrecise, agree, evaluated, spread

@@ -32,8 +32,8 @@ _POINTS = rf"(?:[A-Z]'?){{2,4}}{_SUB}"
 _NAME = (rf"(?:(?:m\s*)?\\(?:angle|measuredangle|triangle)\s*{_POINTS}|\\det\s*\(?[A-Z]\)?"
          rf"|\\(?:overline|widehat|overrightarrow|vec)\s*\{{{_POINTS}\}}|{_POINTS}"
          rf"|[A-Z]_\{{?(?:\\triangle\s*)?[A-Z]{{2,4}}\}}?)")
-_FUNCTION = rf"(?:[A-Z]|[fghpquvw]|\\(?:phi|varphi|psi)){_SUB}\s*\([^()=]{{1,40}}\)"
-"""A function's value: ``f(x)``, ``P(A)``, ``g_2(1)``, ``S(n)``; never ``x(x+1)`` or
+_FUNCTION = rf"(?:[A-Z]|[fghpquvw]|\\(?:phi|varphi|psi)){_SUB}\s*\([^()]{{1,40}}\)"
+"""A function's value: ``f(x)``, ``P(A)``, ``P(X=2)``, ``g_2(1)``, ``S(n)``; never ``x(x+1)`` or
 ``a(b+c)``, which are products (a lower-case name must be one functions are given)."""
 _QUANTITY = rf"(?:\|\s*{_NAME}\s*\||{_NAME}|{_FUNCTION}|{_SYMBOL})"
 _LABEL = re.compile(
