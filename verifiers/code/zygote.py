@@ -882,7 +882,8 @@ class Run:
                 "stdout": bytes(watched.stdout), "stderr": bytes(watched.stderr[-STDERR_TAIL:]),
                 "report": bytes(watched.report), "truncated": watched.truncated,
                 "out_of_memory": watched.out_of_memory,
-                "memory_held_mb": meter.held // MiB, "memory_limit_mb": meter.limit_mb,
+                # rounded up, so a run killed just over its limit never reads as held at it
+                "memory_held_mb": -(-meter.held // MiB), "memory_limit_mb": meter.limit_mb,
                 "output_bytes": output_bytes}
 
     def watch(self, pid: int, watched: "Watch", deadline: float,
