@@ -20,8 +20,10 @@ Conventions (defaults: ``mode="lenient"``):
 * ``p\\%`` equals p or p/100 (``percent``); ``30^\\circ`` equals 30, and ``\\pi/6`` in lenient
   mode; units (``\\text{ cm}``) are ignored unless both sides name different units.
 * Expressions are equal when their variables are the same and they agree at fixed sample
-  points to 25 digits; closed forms without variables are compared to 40 digits; ``e`` is
-  Euler's number and ``i`` the imaginary unit.
+  points, and closed forms without variables when they agree, to a precision that scales with
+  what was written (10^-(25 + spread) at 40 + spread digits, :mod:`.precision`): a difference
+  written in an answer is never rounded away; ``e`` is Euler's number and ``i`` the
+  imaginary unit.
 * Equations are equal when one side-difference is a nonzero multiple of the other
   (``y = 2x+1`` is ``2x - y + 1 = 0``); inequalities likewise with a positive multiple and
   either direction written (``x > 3`` is ``3 < x``). Lenient: ``x = 5`` equals ``5`` and
