@@ -23,7 +23,6 @@ import ast
 import itertools
 import json
 import logging
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, List, Tuple
@@ -31,6 +30,8 @@ from typing import Any, List, Tuple
 import openrlhf
 import torch
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
+
+import parity_args
 
 ROOT = Path(openrlhf.__file__).parent
 MAX_LEN = 12
@@ -113,16 +114,10 @@ def run(maker_cls: type, option: dict[str, Any], rows: list[dict[str, Any]],
 
 
 def main() -> None:
-    with open(sys.argv[1]) as file:
-        data = json.load(file)
     global DTYPE
-    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    data, native = parity_args.parse()
     if native:
         DTYPE = torch.float32
-    else:
-        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-        # would be float32: the whole run is float64, as the acceptance asks
-        torch.set_default_dtype(torch.float64)
     maker_cls = load_maker(native)
     out: dict[str, dict[str, Any]] = {}
     for option in data["options"]:

@@ -23,13 +23,14 @@ import ast
 import inspect
 import json
 import math
-import sys
 import textwrap
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from trl.trainer import grpo_trainer, rloo_trainer
+
+import parity_args
 
 MAX_LEN = 12
 DTYPE = torch.float64
@@ -83,16 +84,10 @@ def run(blocks: dict[str, Any], option: dict[str, Any], rows: list[dict[str, Any
 
 
 def main() -> None:
-    with open(sys.argv[1]) as file:
-        data = json.load(file)
     global DTYPE
-    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    data, native = parity_args.parse()
     if native:
         DTYPE = torch.float32
-    else:
-        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-        # would be float32: the whole run is float64, as the acceptance asks
-        torch.set_default_dtype(torch.float64)
     blocks = {"grpo": advantage_block(grpo_trainer, "GRPOTrainer"),
               "rloo": advantage_block(rloo_trainer, "RLOOTrainer")}
     out = {option["name"]: {batch: run(blocks, option, rows)

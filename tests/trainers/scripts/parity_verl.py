@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 import textwrap
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +32,8 @@ import torch
 import verl.utils.groupwise as groupwise
 from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as verl_F
+
+import parity_args
 
 MAX_LEN = 12
 DTYPE = torch.float64
@@ -105,16 +106,10 @@ def run(option: dict[str, Any], rows: list[dict[str, Any]]) -> list[list[float]]
 
 
 def main() -> None:
-    with open(sys.argv[1]) as file:
-        data = json.load(file)
     global DTYPE
-    native = sys.argv[2:] == ["native"]  # the trainer as it runs: float32, nothing patched
+    data, native = parity_args.parse()
     if native:
         DTYPE = torch.float32
-    else:
-        # constants the trainer makes without a dtype (torch.tensor(1.0), count / (count - 1))
-        # would be float32: the whole run is float64, as the acceptance asks
-        torch.set_default_dtype(torch.float64)
     if not native:
         float64_group_mean_std()
     out = {option["name"]: {batch: run(option, rows) for batch, rows in data["batches"].items()}
