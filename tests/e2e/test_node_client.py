@@ -11,12 +11,13 @@ to install; it never skips.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.node import node_at_least
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +26,10 @@ MIN_NODE = 18  # global fetch
 
 
 def node_binary() -> str:
-    node = shutil.which("node")
+    node = node_at_least(MIN_NODE, "has no global fetch")
     if node is None:
         pytest.fail("the Node.js client test needs node 18 or newer: install it (apt-get install "
                     "nodejs, brew install node, or https://nodejs.org) and rerun")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
-    if int(version.strip().lstrip("v").split(".")[0]) < MIN_NODE:
-        pytest.fail(f"node {version.strip()} has no global fetch: install node {MIN_NODE}+")
     return node
 
 

@@ -22,6 +22,7 @@ import pytest
 from rewardd.service.grpc import codegen
 from rewardd.service.grpc.convert import rows_of
 from tests.grpc.conftest import KEY, auth
+from tests.support.node import node_at_least
 from tests.grpc.requests import message
 from rewardd.service.grpc import rewardd_pb2 as pb
 
@@ -33,13 +34,10 @@ MIN_NODE = 18
 
 def node_ready() -> str:
     """node's path, with the npm packages installed; skips loudly without node."""
-    node = shutil.which("node")
+    node = node_at_least(MIN_NODE, "is too old for @grpc/grpc-js")
     if node is None:
         pytest.skip("NODE.JS IS NOT INSTALLED: the gRPC client test in a second language did "
                     "not run. Install node 18+ and npm (apt-get install nodejs npm) to run it")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
-    if int(version.strip().lstrip("v").split(".")[0]) < MIN_NODE:
-        pytest.fail(f"node {version.strip()} is too old for @grpc/grpc-js: install {MIN_NODE}+")
     stamp = NODE_DIR / "node_modules" / ".package-lock.json"
     lock = NODE_DIR / "package-lock.json"
     if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
