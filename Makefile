@@ -8,7 +8,7 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded sandbox-deps redis grpc-node-deps bench openapi clean
+        test-client-env test-loaded test-faults test-deploy deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -180,6 +180,20 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
 	$(PY) tests/benchmarks/bench_grpc.py
+
+# Fault injection with real processes (tests/faults): worker pods SIGKILLed, a private
+# redis-server restarted with and without persistence, Redis unreachable, SIGTERM with work in
+# flight. Each test asserts what the user gets and how long it took.
+test-faults: install redis sandbox-deps
+	$(PY) -m pytest -m faults tests/faults
+
+# deploy/ checked offline with the real tools (tests/deploy): helm lint and template,
+# kubernetes-validate, hadolint, promtool, and a real Prometheus scraping rewardd.
+test-deploy: install deploy-deps redis
+	$(PY) -m pytest -m deploy tests/deploy
+
+deploy-deps:
+	@true
 
 openapi: install
 	$(VENV)/bin/rewardd openapi
