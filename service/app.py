@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from rewardd.service import __version__
-from rewardd.service.api import catalogue, health, jobs, runs, score, verify
+from rewardd.service.api import catalogue, compat, health, jobs, runs, score, sessions, verify
 from rewardd.service.codec import BodyError
 from rewardd.service.jobs import install as install_jobs
 from rewardd.service.metrics import MetricsMiddleware
@@ -111,8 +111,8 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app.state.keys = load_keys(settings)  # a bad key file stops the start, with the reason
     app.state.redis, app.state.runs, app.state.limiter = shared_state(settings)
     install_jobs(app)  # app.state.jobs (memory, or Redis like the runs) and job_runner
-    for router in (score.router, jobs.router, verify.router, catalogue.router, runs.router,
-                   health.router):
+    for router in (score.router, jobs.router, sessions.router, verify.router, catalogue.router,
+                   runs.router, compat.router, health.router):
         app.include_router(router)
     app.add_middleware(MetricsMiddleware)
     _add_error_handlers(app)
