@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import click
 
+from rewardd.service.environment import ConfigError, load_settings
 from rewardd.service.settings import Settings, get_settings
 
 
@@ -35,11 +36,20 @@ def settings_options(*names: str) -> Callable[[Callable], Callable]:
 
 
 def settings_from(overrides: dict[str, Any]) -> Settings:
-    """Environment first, flags on top; exported so child processes see the same values."""
+    """Environment first, flags on top; exported so child processes see the same values.
+    An unknown ``REWARDD_*`` variable or a bad value ends the command here with exit status
+    2 and one line per variable (:mod:`rewardd.service.environment`), never a traceback."""
     given = {k: v for k, v in overrides.items() if v is not None}
     for key, value in given.items():
         os.environ[f"REWARDD_{key.upper()}"] = str(value)
     get_settings.cache_clear()
+    try:
+        load_settings()
+    except ConfigError as exc:
+        command = click.get_current_context().info_name
+        click.echo(f"rewardd {command}: the configuration is not valid:\n  "
+                   + "\n  ".join(exc.lines), err=True)
+        sys.exit(2)
     return get_settings()
 
 

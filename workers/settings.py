@@ -7,23 +7,26 @@ extends this class with the API's own knobs, and every process reads one object 
 
 from __future__ import annotations
 
-import os
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from rewardd.verifiers.code.settings import SandboxSettings
+from rewardd.verifiers.judge.settings import JudgeSettings
+from rewardd.workers.cpus import usable_cpus
 
 
-class WorkerSettings(SandboxSettings):
+class WorkerSettings(SandboxSettings, JudgeSettings):
     """The knobs of verifier execution, embedded or over Celery. Descriptions double as the
     CLI help."""
 
     model_config = SettingsConfigDict(env_prefix="REWARDD_", extra="ignore")
 
     pool_size: int = Field(
-        default_factory=lambda: max(1, os.cpu_count() or 1),
-        ge=1, description="Verifier worker processes of the embedded executor.")
+        default_factory=usable_cpus, ge=1, description="Verifier worker processes of the "
+        "embedded executor. Default: the CPUs this process may use (its affinity, bounded by "
+        "its cgroup's CPU quota; see workers/cpus.py).")
     verifier_timeout_s: float = Field(
         10.0, gt=0, description="Default wall-clock limit of one verifier call, in seconds.")
     max_verifier_timeout_s: float = Field(
@@ -31,7 +34,9 @@ class WorkerSettings(SandboxSettings):
     plugins: str = Field(
         "", description="Comma-separated modules imported by the API and every verifier "
         "worker; a plugin calls verifiers.register() to add a verifier kind.")
-    log_level: str = Field("info", description="Log level of the server.")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        "info", description="Log level of the server and the workers: debug, info, warning, "
+        "error or critical.")
 
     broker_url: str | None = Field(
         None, description="Celery broker, e.g. redis://127.0.0.1:6379/0. Unset: verifiers run "
@@ -71,9 +76,31 @@ class WorkerSettings(SandboxSettings):
         "cpu", description="Comma-separated queues a `rewardd worker` consumes (cpu, sandbox, "
         "gpu or a custom one).")
     worker_concurrency: int = Field(
-        default_factory=lambda: max(1, os.cpu_count() or 1), ge=1,
+        default_factory=usable_cpus, ge=1,
         description="Prefork child processes of a `rewardd worker` (verifier calls it runs at "
-        "once).")
+        "once). Default: the CPUs the worker may use (its affinity, bounded by its cgroup's "
+        "CPU quota).")
+
+    allow_unknown: str = Field(
+        "", description="`REWARDD_*` variables that are not settings but are set on purpose "
+        "(comma-separated names), or `1` for any: without it an unknown `REWARDD_*` variable "
+        "stops `rewardd serve`, `worker` and `score` at start, naming the nearest setting.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _default_timeout_within_its_maximum(self) -> "WorkerSettings":
+        """A default above the maximum was clamped to it silently: the operator asked for a
+        limit the service would not apply. Refused when the settings are read."""
+        if self.verifier_timeout_s > self.max_verifier_timeout_s:
+            raise ValueError(
+                f"REWARDD_VERIFIER_TIMEOUT_S={self.verifier_timeout_s:g} is above "
+                f"REWARDD_MAX_VERIFIER_TIMEOUT_S={self.max_verifier_timeout_s:g}: raise the "
+                "maximum or lower the default")
+        return self
 
     @property
     def plugin_modules(self) -> list[str]:

@@ -1,10 +1,15 @@
-"""Routing, task sizes and time limits of the Celery executor (pure functions)."""
+"""Routing, task sizes and time limits of the Celery executor (pure functions), and a bad
+configuration stopping real `rewardd serve` / `worker` commands at start."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
 from tests.integration.conftest import make_settings
+from tests.support.server import REPO_ROOT, child_env
 from rewardd.verifiers.base import Sample
 from rewardd.workers.celery_app import (KILL_GRACE_S, check_settings, group_timeout_s,
                                 longest_task_s, max_samples_per_task, parse_exitcode,
@@ -63,3 +68,28 @@ def test_exit_status_of_a_lost_worker() -> None:
     assert parse_exitcode("Worker exited prematurely: signal 9 (SIGKILL) Job: 3.") == -9
     assert parse_exitcode("Worker exited prematurely: exitcode 1 Job: 3.") == 1
     assert parse_exitcode("its worker vanished") is None
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A real ``rewardd`` command with ``env`` on top of a clean environment."""
+    return subprocess.run([sys.executable, "-m", "rewardd.service.cli", *args], cwd=REPO_ROOT,
+                          env={**child_env(), **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_bad_configuration_stops_the_command_with_one_line_per_variable(
+        command: str) -> None:
+    done = run_cli(command, env={"REWARDD_LOG_LEVEL": "verbose", "REWARDD_POOL_SIZ": "4",
+                                 "REWARDD_BROKER_URL": "redis://127.0.0.1:1/0"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "REWARDD_LOG_LEVEL=verbose: must be one of debug, info, warning, error or " \
+           "critical" in done.stderr
+    assert "REWARDD_POOL_SIZ: not a rewardd setting; did you mean REWARDD_POOL_SIZE?" \
+           in done.stderr
+
+
+def test_a_flag_value_is_checked_like_its_variable() -> None:
+    done = run_cli("serve", "--port", "0", "--log-level", "loud", env={})
+    assert done.returncode == 2 and "REWARDD_LOG_LEVEL=loud: must be one of" in done.stderr

@@ -34,7 +34,6 @@ from pathlib import Path
 from rewardd.verifiers.code.settings import sandbox_settings
 from rewardd.verifiers.code.types import Isolation
 
-UNSAFE_ENV = "REWARDD_SANDBOX_UNSAFE"
 PYTHON_MOUNT = "/opt/rewardd-python"
 ZYGOTE_MOUNT = "/opt/rewardd/zygote.py"
 ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
@@ -51,7 +50,8 @@ CAPABILITIES = {
 
 
 def unsafe_allowed() -> bool:
-    return os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """REWARDD_SANDBOX_UNSAFE is on (read with the other sandbox settings)."""
+    return sandbox_settings().sandbox_unsafe
 
 
 @dataclass(frozen=True, slots=True)

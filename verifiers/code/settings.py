@@ -39,6 +39,10 @@ class SandboxSettings(BaseSettings):
         30.0, gt=0, le=120, description="Most CPU seconds and most wall-clock seconds a code "
         "request may give one test. A request's `cpu_s` or `wall_s` above it is refused "
         "(422).")
+    sandbox_unsafe: bool = Field(
+        False, description="Run code without isolation where the machine cannot isolate it "
+        "(no bubblewrap or no user namespaces): rlimits and seccomp only. For a developer's "
+        "laptop; never on shared infrastructure.")
     sandbox_include_dir: str | None = Field(
         None, description="A host directory of C/C++ headers that every C++ compilation in "
         "the sandbox sees read-only on its include path (shown at /opt/rewardd/include): put "

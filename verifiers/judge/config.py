@@ -1,7 +1,8 @@
 """Which judge backend a verifier call uses: the default, a named one, or a request's override.
 
 Read from the environment of the process that runs the verifier (a ``gpu`` worker, or the
-embedded pool), with the ``REWARDD_`` prefix like every other setting:
+embedded pool), with the ``REWARDD_`` prefix like every other setting (declared, validated
+and documented in :mod:`rewardd.verifiers.judge.settings`):
 
 * ``REWARDD_JUDGE_BASE_URL``, ``REWARDD_JUDGE_MODEL``, ``REWARDD_JUDGE_API_KEY``: the default
   backend, named ``default`` (an OpenAI-compatible endpoint);
@@ -40,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rewardd.verifiers.judge.backend import REQUEST_MODEL, ChatBackend
 from rewardd.verifiers.judge.fleet import state_url
+from rewardd.verifiers.judge.settings import judge_settings
 from rewardd.verifiers.judge.openai_compat import (DEFAULT_MAX_CONCURRENCY, OpenAIChatBackend,
                                            OpenAIConfig)
 
@@ -76,9 +78,9 @@ override a request sends builds one (with its own connection pool)."""
 def configured_backends(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Every named backend's raw configuration: the file's, then ``default`` from the
     REWARDD_JUDGE_* variables (which wins over a ``default`` entry in the file)."""
-    env = os.environ if environ is None else environ
+    cfg = judge_settings(environ)
     found: dict[str, dict[str, Any]] = {}
-    path = env.get("REWARDD_JUDGE_BACKENDS_FILE")
+    path = cfg.judge_backends_file
     if path:
         try:
             data = json.loads(Path(path).read_text())
@@ -93,10 +95,9 @@ def configured_backends(environ: Mapping[str, str] | None = None) -> dict[str, d
                                        f"is {type(entry).__name__}, expected a JSON object of "
                                        "settings")
             found[str(name)] = dict(entry)
-    if env.get("REWARDD_JUDGE_BASE_URL"):
-        found[DEFAULT_BACKEND] = {"base_url": env["REWARDD_JUDGE_BASE_URL"],
-                                  "model": env.get("REWARDD_JUDGE_MODEL", "default"),
-                                  "api_key": env.get("REWARDD_JUDGE_API_KEY")}
+    if cfg.judge_base_url:
+        found[DEFAULT_BACKEND] = {"base_url": cfg.judge_base_url, "model": cfg.judge_model,
+                                  "api_key": cfg.judge_api_key}
     return found
 
 
@@ -119,7 +120,7 @@ def resolve_backend(override: BackendOverride | None,
         choice = choice.model_copy(update={"model": check_model_path(
             choice.model, env, field="backend.model")})
     if choice.base_url is not None:
-        if not request_urls_allowed(env):
+        if not request_urls_allowed(environ):
             raise JudgeConfigError("a request may not name a judge base_url unless the "
                                    "service sets REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; pick a "
                                    "configured backend by name instead")
@@ -140,10 +141,11 @@ def resolve_backend(override: BackendOverride | None,
     for field in ("model", "timeout_s"):
         if getattr(choice, field) is not None:
             raw[field] = getattr(choice, field)
-    if env.get("REWARDD_JUDGE_CACHE_URL") and raw.get("kind", "openai") == "openai":
-        raw.setdefault("shared_cache_url", env["REWARDD_JUDGE_CACHE_URL"])
-        if env.get("REWARDD_JUDGE_CACHE_TTL_S"):
-            raw.setdefault("shared_cache_ttl_s", env["REWARDD_JUDGE_CACHE_TTL_S"])
+    cfg = judge_settings(environ)
+    if cfg.judge_cache_url and raw.get("kind", "openai") == "openai":
+        raw.setdefault("shared_cache_url", cfg.judge_cache_url)
+        if cfg.judge_cache_ttl_s is not None:
+            raw.setdefault("shared_cache_ttl_s", cfg.judge_cache_ttl_s)
     key = (choice.name, json.dumps(raw, sort_keys=True, default=str))
     chosen_model = raw.get("model") != configured_model  # labelled REQUEST_MODEL in metrics
     with _lock:
@@ -203,8 +205,7 @@ def check_model_path(path: str, environ: Mapping[str, str] | None = None, *,
     passes through, and its wording never depends on whether the path exists: a tenant
     cannot probe the worker's file system (an earlier ``tokenizer`` went to the loader
     unchecked, whose errors told "not a local directory" from "cannot load")."""
-    env = os.environ if environ is None else environ
-    roots = [os.path.realpath(r) for r in env.get("REWARDD_MODEL_ROOTS", "").split(os.pathsep)
+    roots = [os.path.realpath(r) for r in judge_settings(environ).model_roots.split(os.pathsep)
              if r.strip()]
     if not roots:
         raise JudgeConfigError(f"{field} {path!r}: local models are loaded only from "
@@ -218,20 +219,19 @@ def check_model_path(path: str, environ: Mapping[str, str] | None = None, *,
     return real
 
 
-def request_urls_allowed(env: Mapping[str, str]) -> bool:
+def request_urls_allowed(environ: Mapping[str, str] | None = None) -> bool:
     """REWARDD_JUDGE_ALLOW_REQUEST_URLS is on: requests may name endpoints of their own."""
-    return env.get("REWARDD_JUDGE_ALLOW_REQUEST_URLS", "").lower() in ("1", "true", "yes")
+    return judge_settings(environ).judge_allow_request_urls
 
 
 def check_endpoint(url: str, environ: Mapping[str, str] | None = None) -> None:
     """Allow a request's model endpoint only if it is one of ``REWARDD_MODEL_ENDPOINTS``
     (base URLs separated by ``,``) or REWARDD_JUDGE_ALLOW_REQUEST_URLS=1; else
     :class:`JudgeConfigError` (a URL from a request is an SSRF on shared infrastructure)."""
-    env = os.environ if environ is None else environ
-    if request_urls_allowed(env):
+    cfg = judge_settings(environ)
+    if cfg.judge_allow_request_urls:
         return
-    allowed = {u.strip().rstrip("/") for u in env.get("REWARDD_MODEL_ENDPOINTS", "").split(",")
-               if u.strip()}
+    allowed = {u.strip().rstrip("/") for u in cfg.model_endpoints.split(",") if u.strip()}
     if url.rstrip("/") not in allowed:
         raise JudgeConfigError(f"endpoint {url!r} is not one of REWARDD_MODEL_ENDPOINTS; add it "
                                "there (or set REWARDD_JUDGE_ALLOW_REQUEST_URLS=1)")
