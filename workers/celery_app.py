@@ -130,6 +130,11 @@ def check_settings(settings: WorkerSettings) -> None:
     be running when the broker redelivers its message."""
     if not settings.broker_url:
         raise ValueError("distributed execution needs REWARDD_BROKER_URL (--broker-url)")
+    if settings.worker_lost_after_s < 2 * settings.worker_heartbeat_s:
+        raise ValueError(
+            f"REWARDD_WORKER_LOST_AFTER_S={settings.worker_lost_after_s:g} must be at least two "
+            f"heartbeats (REWARDD_WORKER_HEARTBEAT_S={settings.worker_heartbeat_s:g}), or a "
+            "live worker's tasks would be requeued under it")
     need = longest_task_s(1, settings.max_verifier_timeout_s)
     if settings.visibility_timeout_s < need:
         raise ValueError(
@@ -378,16 +383,34 @@ def run_worker(settings: WorkerSettings) -> None:
     # prefork: tasks run in each child's main thread, so SIGALRM soft deadlines arm; the
     # subclass reaps dead children promptly (see _prefork_pool_class)
     app.conf.worker_pool = "rewardd.workers.celery_app:PreforkPool"
+    hostname = f"rewardd-{os.getpid()}@{socket.gethostname()}"
+    _start_heartbeat_when_ready(app, settings, hostname, queues)
     app.worker_main([
         "worker",
         "--pool=prefork",  # the configured subclass, see above
         f"--concurrency={settings.worker_concurrency}",
         f"--queues={','.join(queues)}",
         # unique per process, so a census counts two workers on one host as two
-        f"--hostname=rewardd-{os.getpid()}@{socket.gethostname()}",
+        f"--hostname={hostname}",
         f"--loglevel={settings.log_level.upper()}",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])
+
+
+def _start_heartbeat_when_ready(app: Celery, settings: WorkerSettings, hostname: str,
+                                queues: list[str]) -> None:
+    """Once the worker consumes, its main process beats (:class:`rewardd.workers.liveness.
+    Heartbeat`): the API sees it as a live consumer of ``queues``, and the tasks it holds go
+    back on their queues within REWARDD_WORKER_LOST_AFTER_S if it vanishes."""
+    from celery.signals import worker_ready
+
+    from rewardd.workers.liveness import Heartbeat
+
+    def on_ready(**_: Any) -> None:
+        Heartbeat(app, hostname, queues, settings.worker_concurrency,
+                  settings.worker_heartbeat_s, settings.worker_lost_after_s).start()
+
+    worker_ready.connect(on_ready, weak=False)
 
 
 # ---- worker-side classes: prompt detection of a dead child, and why it died -------------------

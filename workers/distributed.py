@@ -53,7 +53,7 @@ from kombu.exceptions import OperationalError
 from rewardd.workers import metrics
 from rewardd.workers.settings import WorkerSettings
 from rewardd.verifiers.base import FailureKind, Outcome
-from rewardd.workers.celery_app import (CENSUS_COMMAND, PING_TASK, VERIFY_TASK, CallAbandoned,
+from rewardd.workers.celery_app import (CENSUS_COMMAND, VERIFY_TASK, CallAbandoned,
                                 create_celery, deliveries_key, group_timeout_s,
                                 max_samples_per_task, parse_exitcode, redact_url,
                                 task_time_limits)
@@ -61,6 +61,7 @@ from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, It
                               ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
 from rewardd.workers.fairness import (DEFAULT_FLOW, FairQueue, Flow, QueueClosed, Ticket,
                                       current_flow)
+from rewardd.workers.liveness import FleetView, kombu_restorer, observe
 from rewardd.workers.packing import Pack, pack_target, plan
 from rewardd.workers.routing import DEFAULT_QUEUE, Router
 
@@ -171,6 +172,8 @@ class _Queued:
     future: asyncio.Future
     queue: str
     ticket: Ticket[Any] | None = None
+    submitted: float = 0.0
+    """time.monotonic() when the task entered its fair queue (the no-consumer grace)."""
 
 
 class CeleryExecutor(Executor):
@@ -203,7 +206,6 @@ class CeleryExecutor(Executor):
         self.router = Router.from_text(settings.queue_routes)
         self._backend = self.app.backend
         self._verify = self.app.tasks[VERIFY_TASK]
-        self._ping = self.app.tasks[PING_TASK]
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="rewardd-celery-io")
         self._poll_io = ThreadPoolExecutor(1, thread_name_prefix="rewardd-celery-poll")
         self._waiters: dict[str, _Waiter] = {}
@@ -222,6 +224,16 @@ class CeleryExecutor(Executor):
         self._depth_client: Any = None
         self._depth_keys: dict[str, list[str]] | None = None
         self._closed = False
+        self._entries: dict[str, _Queued] = {}
+        """Every task not yet settled (in a fair queue, the outbox or the broker), by id: what
+        the watchdog fails fast or publishes again."""
+        self._watch_io = ThreadPoolExecutor(1, thread_name_prefix="rewardd-celery-watch")
+        self._watchdog: asyncio.Task | None = None
+        self._watch_conn: Any = None
+        self._fleet: FleetView | None = None
+        self._epoch: str | None = None
+        self._lost_at: float | None = None
+        self._unserved_since: dict[str, float] = {}
 
     # ---- running calls ----------------------------------------------------------------
 
@@ -360,7 +372,7 @@ class CeleryExecutor(Executor):
                 fut.set_result(_all_failed(call, _unavailable("executor closed"), 0.0))
                 continue
             queue = self.router.queue_for(call.verifier)
-            entry = _Queued(uuid(), call, fut, queue)
+            entry = _Queued(uuid(), call, fut, queue, submitted=time.monotonic())
             try:
                 entry.ticket, now = self._fair_queue(queue).submit(flow, len(call.samples),
                                                                    entry)
@@ -368,6 +380,7 @@ class CeleryExecutor(Executor):
                 fut.set_result(_all_failed(call, _unavailable("executor closed"), 0.0))
                 continue
             admitted.extend(now)
+            self._entries[entry.task_id] = entry
             fut.add_done_callback(functools.partial(self._leave, entry))
         self._publish_soon(admitted)
         return futures
@@ -401,6 +414,7 @@ class CeleryExecutor(Executor):
         abandoned, executor closed): free its place in the window exactly once, or drop it
         from the fair queue when it was still waiting (its caller was cancelled), and
         publish what that admits."""
+        self._entries.pop(entry.task_id, None)
         fair = self._fair.get(entry.queue)
         if fair is None or entry.ticket is None:  # the queues were reset (a new loop)
             return
@@ -550,6 +564,11 @@ class CeleryExecutor(Executor):
             self._fair = {}
             self._outbox = []
             self._publisher = None
+            self._entries = {}
+            self._watchdog = None
+            self._fleet = None
+        if (self._watchdog is None or self._watchdog.done()) and not self._closed:
+            self._watchdog = loop.create_task(self._watch_fleet())
         return loop
 
     def _watch(self, task_id: str, future: asyncio.Future, deadline: float,
@@ -695,39 +714,168 @@ class CeleryExecutor(Executor):
     # ---- readiness and description ---------------------------------------------------
 
     async def ready(self, wait_s: float = 5.0) -> bool:
-        """A ping task on the ``cpu`` queue answered within ``wait_s`` (so the broker, the
-        backend and at least one worker for the common verifiers are up). The ping expires
-        after ``wait_s``: a worker that shows up later discards it instead of answering a
-        question nobody is asking any more. Also refreshes the worker census now and then."""
+        """From what the watchdog keeps (:meth:`_watch_fleet`), never a task queued behind
+        user work: the broker answers, and every queue of REWARDD_READY_QUEUES has a worker
+        whose heartbeat is live. A view older than a few heartbeats is refreshed first (at
+        most ``wait_s``). Also refreshes the worker census now and then."""
         if self._closed:
             return False
-        loop = self._bind_loop()
+        self._bind_loop()
         self._census_soon()
-        started = time.monotonic()
-        task_id = uuid()
-        try:
-            await asyncio.wait_for(loop.run_in_executor(self._io, self._publish_ping, task_id,
-                                                        wait_s), wait_s)
-        except Exception:  # broker down or too slow: not ready
-            return False
-        future = loop.create_future()
-        self._watch(task_id, future, started + wait_s, lambda meta: meta)
-        try:
-            meta = await asyncio.wait_for(future, wait_s + 1.0)
-        except asyncio.TimeoutError:
-            self._waiters.pop(task_id, None)
-            return False
-        if not isinstance(meta, dict) or meta.get("status") != states.SUCCESS:
-            return False
-        answer = meta.get("result") or {}
-        if not answer.get("soft_deadline", True):
-            log.warning("a worker runs tasks off its main thread: per-sample soft deadlines "
-                        "cannot arm there (start workers with `rewardd worker`)")
-        return answer.get("pong") == "pong"
+        view = self._fleet
+        if view is None or time.monotonic() - view.at > self._stale_after():
+            try:
+                view = await asyncio.wait_for(self._look(), wait_s)
+            except Exception as exc:  # broker down or too slow: not ready
+                self._fleet = view = FleetView(time.monotonic(), f"{type(exc).__name__}: "
+                                               f"{exc or f'no answer within {wait_s:g} s'}")
+        return view.error is None and not self._unready_queues(view)
 
-    def _publish_ping(self, task_id: str, wait_s: float) -> None:
-        self._ping.apply_async(task_id=task_id, queue=DEFAULT_QUEUE, expires=wait_s,
-                               retry=False)
+    def not_ready_reason(self, wait_s: float = 5.0) -> str:
+        view = self._fleet
+        if view is None:
+            return f"the broker did not answer within {wait_s:g} s"
+        if view.error is not None:
+            return f"the broker is unreachable: {view.error}"
+        missing = self._unready_queues(view)
+        if missing:
+            return ("no live worker consumes queue " + ", ".join(repr(q) for q in missing)
+                    + f" (no heartbeat within REWARDD_WORKER_LOST_AFTER_S="
+                    f"{self.settings.worker_lost_after_s:g} s)")
+        return "ready"
+
+    def _unready_queues(self, view: FleetView) -> list[str]:
+        wanted = [q.strip() for q in self.settings.ready_queues.split(",") if q.strip()]
+        return [queue for queue in wanted if not view.consumers.get(queue)]
+
+    def _stale_after(self) -> float:
+        return max(3 * self.settings.worker_heartbeat_s, 2.0)
+
+    # ---- the watchdog: lost workers, lost tasks, queues nobody serves ----------------------
+
+    async def _watch_fleet(self) -> None:
+        """Every REWARDD_WORKER_HEARTBEAT_S for the executor's life: look at the fleet
+        (:func:`rewardd.workers.liveness.observe`, in a thread of its own), then fail fast the
+        calls of queues without a live consumer and publish again what Redis lost. Idle, it
+        costs a few small Redis commands per beat."""
+        while not self._closed:
+            try:
+                await self._look()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fleet = FleetView(time.monotonic(), f"{type(exc).__name__}: {exc}")
+                self._drop_watch_conn()
+            try:
+                self._act(self._fleet)
+            except Exception:  # never let a bug stop the watchdog
+                log.exception("the fleet watchdog failed")
+            await asyncio.sleep(self.settings.worker_heartbeat_s)
+
+    async def _look(self) -> FleetView:
+        loop = asyncio.get_running_loop()
+        view, self._epoch = await loop.run_in_executor(self._watch_io, self._observe)
+        if view.data_lost:
+            log.warning("Redis lost its data (restarted without persistence?): tasks this "
+                        "process published before now are sent again unless a worker holds "
+                        "them")
+            self._lost_at = view.at
+        self._fleet = view
+        return view
+
+    def _observe(self) -> tuple[FleetView, str]:
+        """In the watch thread: one :func:`~rewardd.workers.liveness.observe` on a broker
+        connection of its own (dropped after an error, remade on the next look)."""
+        if self._watch_conn is None:
+            self._watch_conn = self.app.connection_for_write()
+            self._watch_conn.ensure_connection(max_retries=1, timeout=DEPTH_TIMEOUT_S * 2)
+        conn = self._watch_conn
+        try:
+            return observe(conn.default_channel.client, kombu_restorer(conn), self._declare,
+                           self.router.queues, self._epoch, f"api-{id(self)}",
+                           self.settings.worker_heartbeat_s, self.settings.worker_lost_after_s)
+        except Exception:
+            self._drop_watch_conn()
+            raise
+
+    def _declare(self, queues: list[str]) -> None:
+        """Declare ``queues`` (their bindings) again: Redis lost them, and a message sent
+        before a worker re-declares them would go to no queue."""
+        with self.app.connection_for_write() as conn:
+            for name in queues:
+                self.app.amqp.queues[name](conn.default_channel).declare()
+
+    def _drop_watch_conn(self) -> None:
+        conn, self._watch_conn = self._watch_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.release()
+
+    def _act(self, view: FleetView | None) -> None:
+        """In the loop, after a look: fail the calls of unserved queues, republish lost
+        tasks."""
+        if view is None or view.error is not None:
+            return
+        now = time.monotonic()
+        for queue in self.router.queues:
+            if view.consumers.get(queue):
+                self._unserved_since.pop(queue, None)
+            else:
+                self._unserved_since.setdefault(queue, now)
+        self._fail_unserved(now)
+        if self._lost_at is not None and now - self._lost_at >= self.settings.worker_lost_after_s:
+            self._republish_lost(view)
+
+    def _fail_unserved(self, now: float) -> None:
+        """Calls of a queue no live worker has consumed for REWARDD_NO_CONSUMER_GRACE_S
+        (counted from when they were submitted, too): ``unavailable`` now, their published
+        tasks revoked, instead of waiting REWARDD_QUEUE_TIMEOUT_S for a worker."""
+        grace = self.settings.no_consumer_grace_s
+        doomed = [entry for entry in self._entries.values()
+                  if entry.queue in self._unserved_since and not entry.future.done()
+                  and now - max(self._unserved_since[entry.queue], entry.submitted) >= grace]
+        if not doomed:
+            return
+        revoke = []
+        for entry in doomed:
+            waiter = self._waiters.pop(entry.task_id, None)
+            message = (f"no live worker consumes queue {entry.queue!r} (none for "
+                       f"{grace:g} s, REWARDD_NO_CONSUMER_GRACE_S): start `rewardd worker "
+                       f"--queues {entry.queue}` or route verifier {entry.pack.verifier!r} "
+                       "elsewhere (REWARDD_QUEUE_ROUTES)")
+            if waiter is not None:
+                revoke.append(entry.task_id)
+                waiter.resolve(waiter.settle(_Unavailable(message)))
+            else:
+                metrics.TASKS.labels(entry.queue, "unavailable").inc()
+                entry.future.set_result(_all_failed(entry.pack, _unavailable(message), 0.0))
+        log.warning("failed %d task(s) of queue(s) without a live consumer: %s", len(doomed),
+                    sorted({entry.queue for entry in doomed}))
+        if revoke:
+            self._abandon(revoke)
+
+    def _republish_lost(self, view: FleetView) -> None:
+        """Redis lost its data at ``_lost_at``: every task published before then that is
+        still awaited, and that no live worker holds, is in no queue and has no result.
+        Publish it again under the same id (a task that ran twice is read once)."""
+        lost_at, self._lost_at = self._lost_at, None
+        again = [entry for task_id, entry in self._entries.items()
+                 if task_id in self._waiters and self._waiters[task_id].published <= lost_at
+                 and task_id not in view.held and not entry.future.done()]
+        if not again:
+            return
+        log.warning("publishing %d task(s) again that Redis lost", len(again))
+        metrics.TASK_RETRIES.labels(again[0].queue, "republished").inc(len(again))
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self._io, self._publish,
+                                   [(entry.task_id, entry.pack) for entry in again])
+
+        def published(done: asyncio.Future) -> None:
+            errors = done.result() if not done.cancelled() and done.exception() is None \
+                else {entry.task_id: RuntimeError("republish failed") for entry in again}
+            if errors:  # the broker went away again: try once more after the next wait
+                self._lost_at = lost_at
+        job.add_done_callback(published)
 
     def _census_soon(self) -> None:
         """Start a census in an I/O thread unless one is running or the last is recent.
@@ -850,6 +998,14 @@ class CeleryExecutor(Executor):
         if self._census is not None and self._census_at is not None:
             body.update(self._census)
             body["census_age_s"] = round(time.monotonic() - self._census_at, 1)
+        view = self._fleet
+        if view is not None and view.error is None:
+            body["consumers_by_queue"] = {q: view.consumers.get(q, 0) for q in self.router.queues}
+            body["queues_without_consumer"] = [q for q in self.router.queues
+                                               if not view.consumers.get(q)]
+            body["heartbeat_age_s"] = round(time.monotonic() - view.at, 1)
+        elif view is not None:
+            body["broker_error"] = view.error
         return body
 
     def close(self) -> None:
@@ -869,8 +1025,15 @@ class CeleryExecutor(Executor):
             elif loop.is_running():
                 loop.call_soon_threadsafe(self._close_queues)
                 loop.call_soon_threadsafe(self._settle_all, marker)
+        if self._watchdog is not None and loop is not None and not loop.is_closed():
+            if _in_thread_of(loop):
+                self._watchdog.cancel()
+            elif loop.is_running():
+                loop.call_soon_threadsafe(self._watchdog.cancel)
         self._io.shutdown(wait=False, cancel_futures=True)
         self._poll_io.shutdown(wait=False, cancel_futures=True)
+        self._watch_io.shutdown(wait=False, cancel_futures=True)
+        self._drop_watch_conn()
         if self._depth_client is not None:
             try:
                 self._depth_client.close()

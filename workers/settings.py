@@ -69,6 +69,21 @@ class WorkerSettings(SandboxSettings, JudgeSettings):
     queue_timeout_s: float = Field(
         3600.0, gt=0, description="Longest a call may wait in a queue for a worker; later it "
         "expires unrun and its samples are reported `unavailable`.")
+    worker_heartbeat_s: float = Field(
+        1.0, gt=0, description="Seconds between a `rewardd worker`'s heartbeats in Redis (its "
+        "queues and the tasks it holds; see workers/liveness.py).")
+    worker_lost_after_s: float = Field(
+        6.0, gt=0, description="A worker whose last heartbeat is older than this is dead: the "
+        "tasks it held go back on their queues at once instead of after "
+        "REWARDD_VISIBILITY_TIMEOUT_S, and it no longer counts as a consumer of its queues. "
+        "Also the wait before the API republishes tasks Redis lost. Keep it several "
+        "heartbeats long.")
+    no_consumer_grace_s: float = Field(
+        10.0, ge=0, description="A call for a queue that no live worker consumes fails as "
+        "`unavailable` after this long, instead of waiting up to REWARDD_QUEUE_TIMEOUT_S.")
+    ready_queues: str = Field(
+        "cpu", description="Comma-separated queues that need a live consumer for /readyz to "
+        "answer 200 (it reports every routed queue's consumers either way).")
     queue_routes: str = Field(
         "", description="Extra verifier-to-queue routes, `name=queue,...` (e.g. "
         "`my_judge=gpu`); verifiers not named here or built in go to the `cpu` queue.")
