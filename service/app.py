@@ -21,7 +21,8 @@ from rewardd.service.codec import BodyError
 from rewardd.service.jobs import install as install_jobs
 from rewardd.service.metrics import MetricsMiddleware
 from rewardd.service.openapi import build_openapi
-from rewardd.service.limits import Limiter, MemoryLimiter, RedisLimiter, TenantBusy
+from rewardd.service.limits import (STATE_RETRY_AFTER_S, Limiter, MemoryLimiter, RedisLimiter,
+                                    TenantBusy, state_errors, state_unavailable_detail)
 from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from rewardd.service.settings import Settings, get_settings
 from rewardd.service.tenancy import load_keys
@@ -129,6 +130,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def busy(_: Request, exc: TenantBusy) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=429,
                             headers={"Retry-After": str(exc.retry_after_s)})
+
+    async def state_down(_: Request, exc: Exception) -> JSONResponse:
+        # Redis unreachable (tenant limiter, job store, run state, Celery publish): typed,
+        # with Retry-After, on every route; /healthz does not touch Redis and stays 200
+        return JSONResponse({"detail": state_unavailable_detail(exc)}, status_code=503,
+                            headers={"Retry-After": str(STATE_RETRY_AFTER_S)})
+
+    for error in state_errors():
+        app.add_exception_handler(error, state_down)
 
     @app.exception_handler(BodyError)
     async def bad_body(_: Request, exc: BodyError) -> JSONResponse:

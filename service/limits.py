@@ -175,3 +175,29 @@ class RedisLimiter(Limiter):
 
     async def in_use(self, tenant: Tenant) -> int:
         return int(await self._count(keys=[self.key(tenant)]))
+
+
+STATE_RETRY_AFTER_S = 5
+"""Retry-After (seconds) of a 503 for unreachable Redis: a restart or failover takes seconds,
+and a shorter hint would make every trainer hammer a Redis that is coming back."""
+
+
+def state_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "Redis (state or broker) cannot be reached" wherever a route
+    meets them: redis-py's connection and timeout errors (a restarting Redis's ``LOADING``
+    reply is one), and kombu's, which wraps them when a Celery publish fails. Every route
+    answers them with :func:`state_unavailable_detail` as a JSON 503, never a bare 500."""
+    import kombu.exceptions
+    import redis.exceptions
+
+    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            kombu.exceptions.OperationalError)
+
+
+def state_unavailable_detail(exc: BaseException) -> str:
+    """What is down and what to do, without the URL (it may hold a password)."""
+    return (f"rewardd cannot reach its Redis (tenant limits, jobs, run state or the verifier "
+            f"broker: REWARDD_STATE_URL / REWARDD_BROKER_URL): {type(exc).__name__}: "
+            f"{str(exc)[:200] or 'no detail'}. Nothing of this request was run; retry after "
+            f"{STATE_RETRY_AFTER_S} s. Operators: check that Redis is up and reachable from "
+            "the API pods.")
