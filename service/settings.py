@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 
 from rewardd.workers.settings import WorkerSettings
 
@@ -70,6 +70,22 @@ class Settings(WorkerSettings):
     job_ttl_s: int = Field(
         24 * 3600, ge=1, description="A job (its state, progress and result) is kept this "
         "long after it finished; then GET /v1/jobs/{id} answers 404.")
+
+    compat_config: str | None = Field(
+        None, description="Per-sample trainer protocols (OpenRLHF /get_reward, slime, "
+        "NeMo-Gym /verify): a JSON/YAML file or inline JSON choosing the reward components, "
+        "how a label maps to a reference, group size and timeout, group advantages and "
+        "per-protocol options (see service/compat/config.py). Unset: the math verifier, "
+        "the label as the answer, each sample on its own.")
+
+    @model_validator(mode="after")
+    def _compat_config_is_usable(self) -> "Settings":
+        # at startup, with the reason: a bad file must stop `rewardd serve`, not a trainer
+        if self.compat_config:
+            from rewardd.service.compat.config import validated_compat_config
+
+            validated_compat_config(self)
+        return self
 
     @property
     def state_redis_url(self) -> str | None:

@@ -1,8 +1,110 @@
-"""Per-sample trainer protocols (OpenRLHF /get_reward, slime, NeMo-Gym /verify) fed into
-sessions. Built under issue #18."""
+"""Per-sample trainer protocols: OpenRLHF ``POST /get_reward``, slime ``POST /slime/reward``
+(the path is ``slime.path`` of ``REWARDD_COMPAT_CONFIG``) and NeMo-Gym ``POST /verify``.
+
+Each route reads the trainer's body, hands its samples to :mod:`rewardd.service.compat`
+and writes the trainer's answer; API keys and tenant slots apply as on /v1 (a trainer sends
+``Authorization: Bearer <key>`` through its client's headers or a proxy). No /v1 prefix:
+the trainers post to the URL they are given, and these paths are theirs.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
 
-router = APIRouter(tags=["compat"])
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.routing import Match
+from starlette.types import Scope
+
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
+from rewardd.service.codec import read_model, render
+from rewardd.service.compat.config import CompatConfig
+from rewardd.service.compat.protocols import (NemoGymRequest, NemoGymResponse,
+                                              OpenRLHFRequest, OpenRLHFResponse, SlimeRequest,
+                                              SlimeResponse, nemo_gym_answer,
+                                              nemo_gym_samples, openrlhf_answer,
+                                              openrlhf_samples, slime_answer, slime_samples)
+from rewardd.service.compat.samples import SampleIn
+from rewardd.service.compat.scoring import compat_config, score_samples
+from rewardd.service.models import ErrorResponse
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+
+router = APIRouter(tags=["compat"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    **BUSY_RESPONSE,
+    503: {"model": ErrorResponse, "description": "A check failed and its component has no "
+          "fallback (REWARDD_COMPAT_CONFIG); retrying may succeed.",
+          "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+    504: {"model": ErrorResponse, "description": "Group mode with on_timeout fail: the "
+          "sample's group was not complete within group.timeout_s."}}
+
+
+class ConfiguredPathRoute(APIRoute):
+    """A route served at the path the app's compat configuration names (``slime.path``),
+    documented at its default: the path is server configuration, the router is built once."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        app = scope.get("app")
+        state = getattr(app, "state", None)
+        if scope.get("type") != "http" or state is None or not hasattr(state, "settings"):
+            return super().matches(scope)
+        configured = compat_config(state).slime.path
+        path = scope["path"][len(scope.get("root_path", "")):] if scope.get(
+            "root_path") and scope["path"].startswith(scope["root_path"]) else scope["path"]
+        if path != configured:
+            return Match.NONE, {}
+        return super().matches({**scope, "path": self.path, "root_path": ""})
+
+
+@router.post("/get_reward", response_model=None, openapi_extra=body(OpenRLHFRequest),
+             responses={**responses(OpenRLHFResponse), **ERRORS},
+             summary="OpenRLHF remote reward (--reward.remote_url)")
+async def get_reward(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+    """OpenRLHF's remote reward call: one reward per query (see REWARDD_COMPAT_CONFIG)."""
+    box: list[OpenRLHFRequest] = []
+
+    async def read(config: CompatConfig) -> list[SampleIn]:
+        box.append(await read_model(request, OpenRLHFRequest))
+        return openrlhf_samples(box[0], config)
+
+    samples, outs = await score_samples(request.app.state, tenant, "openrlhf", read)
+    return render(request, openrlhf_answer(samples, outs, compat_config(request.app.state)))
+
+
+slime = APIRouter(route_class=ConfiguredPathRoute)
+
+
+@slime.post("/slime/reward", response_model=None, openapi_extra=body(SlimeRequest),
+            responses={**responses(SlimeResponse), **ERRORS},
+            summary="slime remote reward (--rm-type remote_rm --rm-url)")
+async def slime_reward(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+    """slime's remote_rm call; the path is slime.path of REWARDD_COMPAT_CONFIG (this one by
+    default), the reward is under slime.reward_key (`reward` by default)."""
+    async def read(config: CompatConfig) -> list[SampleIn]:
+        return slime_samples(await read_model(request, SlimeRequest), config)
+
+    _, [out] = await score_samples(request.app.state, tenant, "slime", read)
+    return render(request, slime_answer(out, compat_config(request.app.state)))
+
+
+@router.post("/verify", response_model=None, openapi_extra=body(NemoGymRequest),
+             responses={**responses(NemoGymResponse), **ERRORS},
+             summary="NeMo-Gym resources server verify")
+async def nemo_gym_verify(request: Request, tenant: Tenant = Depends(current_tenant)
+                          ) -> Response:
+    """NeMo-Gym's /verify: the request echoed with `reward` (and `reward_components` when
+    there are several rewards)."""
+    box: list[NemoGymRequest] = []
+
+    async def read(config: CompatConfig) -> list[SampleIn]:
+        box.append(await read_model(request, NemoGymRequest))
+        return nemo_gym_samples(box[0], config)
+
+    _, [out] = await score_samples(request.app.state, tenant, "nemo_gym", read)
+    return render(request, nemo_gym_answer(box[0], out, compat_config(request.app.state)))
+
+
+router.include_router(slime)

@@ -1,0 +1,12 @@
+"""Per-sample trainer protocols (issue #18, item 3): OpenRLHF ``/get_reward``, slime's
+``--rm-url`` and NeMo-Gym's ``/verify``, scored like ``/v1/score``.
+
+* :mod:`.config`: ``REWARDD_COMPAT_CONFIG`` (components, label -> reference, group mode,
+  per-protocol options), validated when the settings load.
+* :mod:`.samples`: the protocols' texts and labels as prompt, completion and reference.
+* :mod:`.protocols`: each trainer's request and answer shapes.
+* :mod:`.scoring`: samples scored each on its own (one /v1/rewards call) or as a group.
+* :mod:`.groups`: samples waiting for their group (group mode).
+
+The routes are in :mod:`rewardd.service.api.compat`.
+"""

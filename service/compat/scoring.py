@@ -1,0 +1,191 @@
+"""Scoring per-sample protocol requests: each sample on its own, or with its group.
+
+Without ``group`` in the compat configuration every sample is a one-rollout group of a
+``/v1/rewards`` call (the same validation, executors, metrics and fallback rules; the
+samples of one OpenRLHF batch go in one call). With ``group``, samples wait in
+:mod:`rewardd.service.compat.groups` until their group is whole and are scored together as
+one ``/v1/score`` group, so group-level verifiers (arenas) see the whole group and the
+answer can carry the sample's group advantage.
+
+A per-sample protocol has no way to say "no reward" (OpenRLHF and slime crash on a null,
+NeMo-Gym's ``reward`` is a float). A failed check is therefore either the component's
+``fallback`` (reported as failed in the answer) or, without one, an error status:
+422 naming the label when the label made a bad reference, 503 otherwise (both trainers
+retry on errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from fastapi import HTTPException
+
+from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.service import pipeline
+from rewardd.service.compat.config import CompatConfig, load_compat_config
+from rewardd.service.compat.samples import SampleIn
+from rewardd.service.models import RewardsRequest, ScoreRequest
+from rewardd.service.tenancy import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOut:
+    """One sample's result, as every protocol needs it."""
+
+    reward: float
+    """The weighted sum of components (fallbacks applied)."""
+    rewards: dict[str, float | None]
+    status: dict[str, Any]
+    failed: tuple[str, ...] = ()
+    """Components whose check failed and whose fallback was used."""
+    advantage: float | None = None
+    """The sample's group advantage (group mode with ``group.advantage``)."""
+    group_size: int = 1
+    """Samples scored together (less than ``group.size`` when the group timed out)."""
+    timed_out: bool = False
+
+    def value(self, which: str) -> float:
+        """``reward`` or ``advantage``, as a protocol's option asks."""
+        if which == "advantage" and self.advantage is not None:
+            return self.advantage
+        return self.reward
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """(kind, reason) of the first failed component, or None."""
+        for name in self.failed:
+            cell = self.status.get(name) or {}
+            return str(cell.get("error")), f"{name}: {_reason(cell)}"
+        return None
+
+
+def _reason(cell: dict[str, Any]) -> str:
+    """A failed cell's reason, for a person: its detail's message, else its kind."""
+    detail = cell.get("detail") or {}
+    return str(detail.get("message") or detail.get("reason") or cell.get("error"))
+
+
+@dataclass(slots=True)
+class Scored:
+    """Results of one scoring call of samples ``samples`` (group-major, one rollout each or
+    one group of all)."""
+
+    samples: Sequence[SampleIn]
+    body: dict[str, Any]
+    timed_out: bool = False
+    outs: list[SampleOut | Exception] = field(default_factory=list)
+
+
+def compat_config(state: Any) -> CompatConfig:
+    """The app's compat configuration (validated when its settings loaded)."""
+    return load_compat_config(state.settings.compat_config)
+
+
+def _remap(exc: RequestInvalid, samples: Sequence[SampleIn], one_group: bool) -> RequestInvalid:
+    """Errors of the request built from the samples, located at the protocol's fields: a
+    bad reference at the label that made it, anything else at the body."""
+    errors = []
+    for e in exc.errors:
+        loc = e["loc"]
+        if len(loc) > 3 and loc[1] == "groups" and loc[3] == "reference":
+            for sample in (samples if one_group else [samples[loc[2]]]):
+                errors.append(error(sample.label_loc, f"the reference this label makes: "
+                                    f"{'.'.join(map(str, loc[4:]))} {e['msg']}".replace(
+                                        ":  ", ": ")))
+        else:
+            errors.append(error(("body",), f"{'.'.join(map(str, loc[1:]))}: {e['msg']} "
+                                "(REWARDD_COMPAT_CONFIG)"))
+    return RequestInvalid(errors)
+
+
+def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
+            timed_out: bool) -> SampleOut | Exception:
+    """A rollout of a pipeline response as a :class:`SampleOut`, or the error its sample
+    answers (a failed check without fallback)."""
+    status = rollout["status"]
+    failed = tuple(name for name, cell in status.items() if not cell["ok"])
+    if rollout["reward"] is None:
+        kinds = {name: status[name]["error"] for name in failed}
+        if any(kind == "invalid_reference" for kind in kinds.values()):
+            return RequestInvalid([error(sample.label_loc, "the label makes no valid "
+                                         "reference: " + "; ".join(
+                                             f"{n} ({kinds[n]}): {_reason(status[n])}"
+                                             for n in failed))])
+        return HTTPException(503, f"the check failed ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
+                             "and its component has no fallback; retry, or give the component "
+                             "a fallback in REWARDD_COMPAT_CONFIG",
+                             headers={"Retry-After": "1"})
+    advantage = rollout.get("advantages")
+    return SampleOut(reward=rollout["reward"], rewards=rollout["rewards"], status=status,
+                     failed=failed, advantage=advantage if isinstance(advantage, float) else None,
+                     group_size=group_size, timed_out=timed_out)
+
+
+async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: Any
+                     ) -> list[SampleOut | Exception]:
+    """Each sample as its own one-rollout group, all in one /v1/rewards call."""
+    if not samples:
+        return []
+    req = RewardsRequest(rewards=config.rewards, groups=[
+        {"group_id": str(i), "prompt": s.prompt, "reference": s.reference,
+         "rollouts": [{"rollout_id": str(i), "completion": s.completion}]}
+        for i, s in enumerate(samples)])
+    try:
+        body = await pipeline.rewards(req, state.executor, state.settings)
+    except RequestInvalid as exc:
+        raise _remap(exc, samples, one_group=False) from None
+    return [outcome(group["rollouts"][0], sample, 1, False)
+            for group, sample in zip(body["groups"], samples)]
+
+
+async def score_group(samples: Sequence[SampleIn], config: CompatConfig, state: Any,
+                      tenant: Tenant, timed_out: bool) -> list[SampleOut | Exception]:
+    """The samples of one group (same prompt and reference) as one /v1/score group."""
+    group = {"group_id": "group", "prompt": samples[0].prompt,
+             "reference": samples[0].reference,
+             "rollouts": [{"rollout_id": str(i), "completion": s.completion}
+                          for i, s in enumerate(samples)]}
+    spec = config.group.advantage if config.group else None
+    try:
+        if spec is None:
+            body = await pipeline.rewards(RewardsRequest(rewards=config.rewards,
+                                                         groups=[group]),
+                                          state.executor, state.settings)
+        else:
+            body = await pipeline.score(ScoreRequest(rewards=config.rewards, groups=[group],
+                                                     advantage=spec),
+                                        state.executor, state.settings,
+                                        runs=state.runs.for_tenant(tenant.name))
+    except RequestInvalid as exc:
+        raise _remap(exc, samples, one_group=True) from None
+    return [outcome(rollout, sample, len(samples), timed_out)
+            for rollout, sample in zip(body["groups"][0]["rollouts"], samples)]
+
+
+def raise_first(outs: Sequence[SampleOut | Exception]) -> list[SampleOut]:
+    """The results, or the first sample's error (a request answers one status)."""
+    for out in outs:
+        if isinstance(out, Exception):
+            raise out
+    return list(outs)  # type: ignore[arg-type]
+
+
+async def score_samples(state: Any, tenant: Tenant, protocol: str,
+                        read: Callable[[CompatConfig], Awaitable[list[SampleIn]]]
+                        ) -> tuple[list[SampleIn], list[SampleOut]]:
+    """Read a protocol request's samples (``read``, under a tenant slot like /v1/score) and
+    score them: at once, or each when its group is whole (no slot is held while a sample
+    waits for its group: waiting is not work, and samples holding slots would keep the
+    rest of their group out)."""
+    config = compat_config(state)
+    async with state.limiter.hold(tenant):
+        samples = await read(config)
+        if config.group is None:
+            return samples, raise_first(await score_each(samples, config, state))
+    from rewardd.service.compat.groups import assembler
+
+    outs = await asyncio.gather(*(assembler(state).submit(tenant, protocol, sample, config)
+                                  for sample in samples), return_exceptions=True)
+    return samples, raise_first(outs)
