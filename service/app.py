@@ -19,6 +19,7 @@ from rewardd.service import __version__
 from rewardd.service.api import catalogue, compat, health, jobs, runs, score, sessions, verify
 from rewardd.service.codec import BodyError
 from rewardd.service.jobs import install as install_jobs
+from rewardd.service.logs import RequestContext
 from rewardd.service.metrics import MetricsMiddleware
 from rewardd.service.openapi import build_openapi
 from rewardd.service.limits import (STATE_RETRY_AFTER_S, Limiter, MemoryLimiter, RedisLimiter,
@@ -116,6 +117,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
                    runs.router, compat.router, health.router):
         app.include_router(router)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RequestContext)  # outermost: ids bound for every line, access log too
     _add_error_handlers(app)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     return app

@@ -62,17 +62,21 @@ def main() -> None:
 @main.command()
 @settings_options("host", "port", "grpc_port", "workers", "pool_size", "verifier_timeout_s",
                   "max_verifier_timeout_s", "max_body_bytes", "plugins", "broker_url",
-                  "state_url", "api_keys_file", "tenant_max_concurrent_jobs", "log_level")
+                  "state_url", "api_keys_file", "tenant_max_concurrent_jobs", "log_level",
+                  "log_format")
 def serve(**flags: Any) -> None:
     """Run the HTTP API (and gRPC with --grpc-port): verifiers in an embedded process pool (no Redis needed), or on
     `rewardd worker` processes when a broker is set (--broker-url / REWARDD_BROKER_URL)."""
     import uvicorn
 
+    from rewardd.workers.logs import logging_config
+
     settings = settings_from(flags)
     if settings.workers > 1 and not settings.prometheus_multiproc_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rewardd-metrics-")
     uvicorn.run("rewardd.service.app:create_app", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level=settings.log_level)
+                workers=settings.workers, log_level=settings.log_level,
+                log_config=logging_config(settings.log_format, settings.log_level))
 
 
 @main.command()
@@ -84,7 +88,7 @@ def serve(**flags: Any) -> None:
                    "[env: REWARDD_WORKER_CONCURRENCY]")
 @settings_options("broker_url", "result_backend", "plugins", "result_ttl_s",
                   "visibility_timeout_s", "task_max_samples", "worker_lost_retries",
-                  "max_verifier_timeout_s", "queue_routes", "log_level")
+                  "max_verifier_timeout_s", "queue_routes", "log_level", "log_format")
 def worker(**flags: Any) -> None:
     """Run a Celery worker (prefork pool) for verifier calls (needs a broker).
 
@@ -93,8 +97,10 @@ def worker(**flags: Any) -> None:
     the workers must share the REWARDD_* broker, backend, TTL and visibility settings.
     """
     from rewardd.workers.celery_app import run_worker
+    from rewardd.workers.logs import configure_worker
 
     settings = settings_from(flags)
+    configure_worker(settings.log_format, settings.log_level)
     try:
         run_worker(settings)
     except ValueError as exc:  # configuration: no broker, bad routes, visibility too short

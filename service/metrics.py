@@ -15,7 +15,9 @@ Two kinds of metric:
   answers the scrape reports them, in multiprocess mode too.
 
 Labels take operator-known values only: route templates, verifier names (registered), outcome
-kinds, configured judge backends and models. A string a request chose never becomes a label
+kinds, configured judge backends and models, configured tenants (``tenant``: the tenant the
+request's API key belongs to, ``default`` without keys, ``none`` for a request that named no
+valid key, such as a 401 or a probe). A string a request chose never becomes a label
 value: each distinct value is a new series that every scrape carries and Prometheus keeps for
 its retention, so one tenant sending 10^5 model names would grow the scrape and the TSDB
 without bound. A judge model the request chose is labelled ``request`` (the workers mark it,
@@ -24,6 +26,14 @@ ones ``other``. As a last guard against a verifier (a plugin, an older worker) t
 request strings anyway, each judge label keeps at most :data:`MAX_LABEL_VALUES` distinct
 values per process and folds the rest into ``other`` (:class:`BoundedLabel`; a bound,
 rather than dropping the observation, keeps calls, tokens and cost counted in full).
+
+Series read from a source that can fail (the broker, the worker census, the job store) stay
+present when it does: ``rewardd_workers`` reads 0 for every routed queue when the census
+fails, and ``rewardd_metrics_source_up{source}`` says which source answered, so an alert on
+``rewardd_workers == 0`` fires instead of going silent. Queue depth, queue age and
+unacknowledged tasks describe the shared broker: every API pod reports the same values, read
+them with ``max by (queue)``, never ``sum``. Calls pending in the fair queue are per API
+process: ``sum`` them.
 
 /metrics itself is guarded with the API keys (see
 :func:`rewardd.service.tenancy.metrics_access`): the series describe every tenant's traffic.
@@ -42,17 +52,20 @@ from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 # recorded by the Celery executor; defined below the service, exposed here with the rest
+from rewardd.service.asgi import HttpMiddleware
+from rewardd.workers.broker_probe import BrokerProbe, probe_for
 from rewardd.workers.metrics import (LATENCY_BUCKETS, TASK_DURATION, TASK_RETRIES,  # noqa: F401
-                                     TASKS)
+                                     TASKS, set_build_info)
 
 log = logging.getLogger(__name__)
 
 
-HTTP_REQUESTS = Counter("rewardd_http_requests_total", "HTTP requests by route and status.",
-                        ["route", "method", "status"])
+HTTP_REQUESTS = Counter("rewardd_http_requests_total",
+                        "HTTP requests by route, status and tenant.",
+                        ["route", "method", "status", "tenant"])
 HTTP_LATENCY = Histogram("rewardd_http_request_duration_seconds",
-                         "HTTP request latency by route and status.",
-                         ["route", "method", "status"], buckets=LATENCY_BUCKETS)
+                         "HTTP request latency by route, status and tenant.",
+                         ["route", "method", "status", "tenant"], buckets=LATENCY_BUCKETS)
 HTTP_IN_FLIGHT = Gauge("rewardd_http_requests_in_flight", "HTTP requests being served.",
                        multiprocess_mode="livesum")
 VERIFIER_DURATION = Histogram("rewardd_verifier_duration_seconds",
@@ -125,6 +138,14 @@ class BoundedLabel:
 
 JUDGE_BACKEND = BoundedLabel("backend")
 JUDGE_MODEL = BoundedLabel("model")
+TENANT = BoundedLabel("tenant")
+"""Tenants are configured (API keys), so bounded already; the bound guards a key file with
+thousands of tenants."""
+
+NO_TENANT = "none"
+"""The tenant label of a request that resolved no tenant (401, probes, /metrics)."""
+
+set_build_info("api")
 
 
 def method_label(method: str) -> str:
@@ -214,39 +235,106 @@ class ScrapeCollector:
     * ``rewardd_workers{queue}``: workers consuming each queue, from
       ``executor.workers_by_queue()`` (the executor's background census, never a broadcast
       per scrape);
-    * ``rewardd_jobs{state}``: from the function given to :func:`register_job_counter`.
+    * ``rewardd_jobs{state}``: from the function given to :func:`register_job_counter`;
+    * ``rewardd_queue_oldest_age_seconds{queue}``, ``rewardd_tasks_unacked{queue}`` and
+      ``rewardd_tasks_unacked_oldest_age_seconds{queue}``: from the broker
+      (:mod:`rewardd.workers.broker_probe`);
+    * ``rewardd_calls_pending{queue}`` and ``rewardd_calls_in_broker{queue}``: this API
+      process's fair queue (tasks waiting for the queue's window, and in it), from
+      ``executor.describe()``;
+    * ``rewardd_metrics_source_up{source}``: 1 when a source answered this scrape, else 0.
 
     An executor without those methods (the embedded pool) exports neither queue nor worker
-    metrics; a source that fails is skipped (logged), never an error of the scrape.
+    metrics. A source that fails is logged, never an error of the scrape; its series read 0
+    where their label values are known without it (every routed queue), so they stay present.
     """
 
     def __init__(self, executor: Any = None) -> None:
         self.executor = executor
+        self._probe: BrokerProbe | None = None
+        self._probe_made = False
 
     def collect(self) -> Iterator[Metric]:
+        up: dict[str, bool] = {}
+        queues = list(getattr(getattr(self.executor, "router", None), "queues", None) or [])
         depths = self._read("queue_depths")
-        if depths is not None:
-            family = GaugeMetricFamily("rewardd_queue_depth",
-                                       "Messages waiting in each Celery queue of the broker.",
-                                       labels=["queue"])
-            for queue, depth in sorted(depths.items()):
-                family.add_metric([queue], depth)
-            yield family
+        if hasattr(self.executor, "queue_depths"):
+            up["queue_depth"] = depths is not None
+            yield _per_queue("rewardd_queue_depth",
+                             "Messages waiting in each Celery queue of the broker (shared: "
+                             "read with max by (queue)).", depths, queues)
         workers = self._read("workers_by_queue")
-        if workers is not None:
-            family = GaugeMetricFamily("rewardd_workers",
-                                       "Celery workers consuming each queue (the executor's "
-                                       "census, refreshed in the background every few "
-                                       "seconds).", labels=["queue"])
-            for queue, count in sorted(workers.items()):
-                family.add_metric([queue], count)
-            yield family
+        if hasattr(self.executor, "workers_by_queue"):
+            up["census"] = workers is not None
+            yield _per_queue("rewardd_workers",
+                             "Celery workers consuming each queue (the executor's census, "
+                             "refreshed in the background every few seconds; 0 when the "
+                             "census fails, see rewardd_metrics_source_up).", workers, queues)
+        yield from self._fair_queue(queues)
+        yield from self._broker(queues, up)
         jobs = self._jobs()
+        if _job_counter is not None:
+            up["jobs"] = jobs is not None
         if jobs is not None:
             family = GaugeMetricFamily("rewardd_jobs", "Jobs by state.", labels=["state"])
             for state in [*JOB_STATES, *sorted(set(jobs) - set(JOB_STATES))]:
                 family.add_metric([state], jobs.get(state, 0))
             yield family
+        family = GaugeMetricFamily("rewardd_metrics_source_up",
+                                   "1 when the source answered this scrape, 0 when it failed "
+                                   "(its series then read 0).", labels=["source"])
+        for source, ok in sorted(up.items()):
+            family.add_metric([source], 1.0 if ok else 0.0)
+        yield family
+
+    def _fair_queue(self, queues: list[str]) -> Iterator[Metric]:
+        describe = getattr(self.executor, "describe", None)
+        if describe is None or not queues:
+            return
+        try:
+            stats = describe().get("fair_queue") or {}
+        except Exception:
+            log.warning("metrics: the executor's fair queue could not be read", exc_info=True)
+            stats = {}
+        for name, key, text in (
+                ("rewardd_calls_pending", "waiting_calls",
+                 "Tasks of this API process waiting in its fair queue for the queue's window "
+                 "(per process: sum over pods)."),
+                ("rewardd_calls_in_broker", "running_calls",
+                 "Tasks of this API process published and not yet settled (per process: sum "
+                 "over pods).")):
+            yield _per_queue(name, text, {q: int(s.get(key, 0)) for q, s in stats.items()},
+                             queues)
+
+    def _broker(self, queues: list[str], up: dict[str, bool]) -> Iterator[Metric]:
+        if not self._probe_made:
+            self._probe_made = True
+            try:
+                self._probe = probe_for(self.executor)
+            except Exception:
+                log.warning("metrics: no broker probe", exc_info=True)
+        if self._probe is None:
+            return
+        try:
+            ages = self._probe.oldest_age()
+            unacked, unacked_ages = self._probe.unacked()
+            up["broker"] = True
+        except Exception:
+            log.warning("metrics: the broker could not be read; its series read 0",
+                        exc_info=True)
+            ages = unacked = unacked_ages = None
+            up["broker"] = False
+        yield _per_queue("rewardd_queue_oldest_age_seconds",
+                         "Seconds the oldest message of each queue has waited for a worker "
+                         "(shared: read with max by (queue)).", ages, queues)
+        yield _per_queue("rewardd_tasks_unacked",
+                         "Tasks delivered to a worker and not yet acknowledged (running, or "
+                         "held by a worker that died until the visibility timeout "
+                         "redelivers them; shared: read with max by (queue)).", unacked,
+                         queues)
+        yield _per_queue("rewardd_tasks_unacked_oldest_age_seconds",
+                         "Seconds since the oldest unacknowledged task of each queue was "
+                         "delivered (shared: read with max by (queue)).", unacked_ages, queues)
 
     def _read(self, method: str) -> Mapping[str, int] | None:
         fn = getattr(self.executor, method, None)
@@ -270,6 +358,27 @@ class ScrapeCollector:
             log.warning("metrics: the job counter failed; rewardd_jobs not exported in this "
                         "scrape", exc_info=True)
             return None
+
+
+def _per_queue(name: str, text: str, values: Mapping[str, float] | None,
+               queues: Iterable[str]) -> GaugeMetricFamily:
+    """A gauge family with every routed queue (0 unless ``values`` says otherwise), plus any
+    queue ``values`` names (a worker's custom queue)."""
+    merged = dict.fromkeys(queues, 0.0)
+    merged.update(values or {})
+    family = GaugeMetricFamily(name, text, labels=["queue"])
+    for queue, value in sorted(merged.items()):
+        family.add_metric([queue], value)
+    return family
+
+
+def tenant_label(scope: Mapping[str, Any]) -> str:
+    """The ``tenant`` label of a request once served: the tenant its API key resolved to
+    (:func:`rewardd.service.tenancy.current_tenant` keeps it in the request state), else
+    :data:`NO_TENANT`."""
+    tenant = (scope.get("state") or {}).get("tenant")
+    name = getattr(tenant, "name", None)
+    return TENANT(name) if name else NO_TENANT
 
 
 class _Collectors:
@@ -297,20 +406,14 @@ def render(multiproc_dir: str | None, executor: Any = None) -> tuple[bytes, str]
         CONTENT_TYPE_LATEST
 
 
-class MetricsMiddleware:
-    """Pure ASGI middleware: count and time every HTTP request by route template and status.
+class MetricsMiddleware(HttpMiddleware):
+    """Count and time every HTTP request by route template, status and tenant.
 
     The route template (``/v1/verify/{verifier}``), not the raw path, is the label, and a
     method outside :data:`HTTP_METHODS` is ``other``, so label cardinality stays bounded.
     """
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: dict, receive: Any, send: Any) -> None:
         status = 500
         started = time.perf_counter()
 
@@ -329,8 +432,9 @@ class MetricsMiddleware:
             label = getattr(route, "path", None) or "unmatched"
             elapsed = time.perf_counter() - started
             method = method_label(scope["method"])
-            HTTP_REQUESTS.labels(label, method, str(status)).inc()
-            HTTP_LATENCY.labels(label, method, str(status)).observe(elapsed)
+            tenant = tenant_label(scope)
+            HTTP_REQUESTS.labels(label, method, str(status), tenant).inc()
+            HTTP_LATENCY.labels(label, method, str(status), tenant).observe(elapsed)
 
 
 __all__ = ["MetricsMiddleware", "ScrapeCollector", "observe_batch", "observe_verifier",

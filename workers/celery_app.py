@@ -371,15 +371,18 @@ def run_worker(settings: WorkerSettings) -> None:
     import socket
 
     from rewardd.verifiers import REGISTRY
+    from rewardd.workers import exporter
 
     app = create_celery(settings)  # validates the settings first
+    exporter.start(settings.worker_metrics_port, settings.worker_metrics_host,
+                   settings.queue_timeout_s)
     router = Router.from_text(settings.queue_routes)
     queues = settings.worker_queue_names or [DEFAULT_QUEUE]
     for module in settings.plugin_modules:
         importlib.import_module(module)
     for name, verifier in REGISTRY.items():
         if router.queue_for(name) in queues:
-            verifier.warm_up()
+            exporter.timed_warm_up(name, verifier)
     # prefork: tasks run in each child's main thread, so SIGALRM soft deadlines arm; the
     # subclass reaps dead children promptly (see _prefork_pool_class)
     app.conf.worker_pool = "rewardd.workers.celery_app:PreforkPool"

@@ -37,6 +37,15 @@ class WorkerSettings(SandboxSettings, JudgeSettings):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="Log level of the server and the workers: debug, info, warning, "
         "error or critical.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`json`: one JSON object per log line, with request, job, task "
+        "and tenant ids where known (for log collectors); `text`: human-readable lines.")
+    worker_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of a `rewardd worker`'s Prometheus exporter "
+        "(/metrics: tasks, durations, sandbox verdicts, memory per process); 0 binds a free "
+        "port (logged). Unset: no exporter.")
+    worker_metrics_host: str = Field(
+        "0.0.0.0", description="Address the worker's exporter binds to.")
 
     broker_url: str | None = Field(
         None, description="Celery broker, e.g. redis://127.0.0.1:6379/0. Unset: verifiers run "

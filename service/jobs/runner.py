@@ -58,6 +58,7 @@ from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_col
 from rewardd.service.tenancy import Tenant
 from rewardd.workers import fairness
 from rewardd.workers.executor import CallResult
+from rewardd.workers.logs import bound
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,9 @@ class JobRunner:
 
     def launch(self, job: Job, req: ScoreRequest | None = None) -> None:
         """Run ``job`` in the background (``req``: its request, else read from the store)."""
-        task = asyncio.get_running_loop().create_task(self._run(job, req),
-                                                      name=f"rewardd-job-{job.id}")
+        with bound(job_id=job.id, tenant=job.tenant):  # the task's log lines carry them
+            task = asyncio.get_running_loop().create_task(self._run(job, req),
+                                                          name=f"rewardd-job-{job.id}")
         self._tasks[job.id] = task
 
         def forget(done: asyncio.Task) -> None:
