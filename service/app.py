@@ -19,6 +19,7 @@ from rewardd.service import __version__
 from rewardd.service.api import catalogue, compat, health, jobs, runs, score, sessions, verify
 from rewardd.service.codec import BodyError
 from rewardd.service.jobs import install as install_jobs
+from rewardd.service.sessions import install as install_sessions
 from rewardd.service.logs import RequestContext
 from rewardd.service.metrics import MetricsMiddleware
 from rewardd.service.openapi import build_openapi
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         if owned:
             app.state.executor = await start_executor(settings)
         await app.state.job_runner.start()  # resumes jobs whose API pod died (Redis store)
+        await app.state.sessions.start()  # group timeouts, idle sessions, a dead pod's checks
         grpc_server = None
         if settings.grpc_port is not None:  # the same calls over gRPC, on this event loop
             from rewardd.service.grpc import server as grpc_api
@@ -101,6 +103,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
             if grpc_server is not None:
                 await grpc_api.stop(grpc_server)
             await app.state.job_runner.close()
+            await app.state.sessions.stop()
             if owned:
                 app.state.executor.close()
             if app.state.redis is not None:
@@ -113,6 +116,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app.state.keys = load_keys(settings)  # a bad key file stops the start, with the reason
     app.state.redis, app.state.runs, app.state.limiter = shared_state(settings)
     install_jobs(app)  # app.state.jobs (memory, or Redis like the runs) and job_runner
+    install_sessions(app)  # app.state.sessions (streaming sessions, stored like jobs)
     for router in (score.router, jobs.router, sessions.router, verify.router, catalogue.router,
                    runs.router, compat.router, health.router):
         app.include_router(router)

@@ -9,14 +9,15 @@ Core field names come from ARCHITECTURE.md and are never renamed. Type rules liv
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from rewardd.advantages.bounds import FreeForm
 from rewardd.advantages.models import (MAX_TOKENS_PER_ROLLOUT, AdvantageSpec,  # noqa: F401
                                        AdvantagesRequest, Contract,
-                                       FiniteFloat, Group, Name, OutputFormat, Profile,
+                                       FiniteFloat, Group, Identifier, Name, OutputFormat,
+                                       Profile,
                                        RewardValue, Rollout, Segment, Stage, Step, Turn,
                                        Weight)
 from rewardd.verifiers.base import FailureKind
@@ -262,3 +263,105 @@ class JobStatus(BaseModel):
                           "died and another resumed it.")
     result: ScoreResponse | None = Field(
         None, description="Once succeeded: exactly the POST /v1/score response for the body.")
+
+
+# ---- streaming sessions (/v1/sessions) -----------------------------------------------------
+
+class SessionSpec(Contract):
+    """Body of POST /v1/sessions: one training step's reward and advantage configuration;
+    rollouts come later, as they finish (POST /v1/sessions/{id}/rollouts)."""
+
+    rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True,
+                                      description="Reward components to compute.")
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
+    run_id: Name | None = Field(None, description="Training run, for run state and metrics.")
+    step: int | None = Field(None, ge=0, description="Training step of this session.")
+    evaluation: bool = Field(False, description="An evaluation step (no rubric dropout).")
+    group_size: int = Field(ge=1, le=4096, description="Rollouts per group: a group is "
+                            "complete once this many arrived and were checked.")
+    group_timeout_s: float | None = Field(
+        None, gt=0, le=86_400, description="A group still incomplete this long after its "
+        "first rollout is completed from what arrived (flagged in its diagnostics), or failed "
+        "when `on_group_timeout` is `fail`. Unset: no timeout.")
+    on_group_timeout: Literal["complete", "fail"] = Field(
+        "complete", description="What a group timeout does.")
+
+
+class SessionGroup(Contract):
+    """A group, or part of one: more of its rollouts may come in later requests. `prompt`
+    and `reference` are needed on the group's first sight only (later: omitted, or equal)."""
+
+    group_id: Identifier = Field(description="The group's id (any 1 to 256 characters).")
+    prompt: str | None = Field(None, description="The prompt (first sight of the group).")
+    reference: FreeForm | None = Field(None, description="Verifier references (first sight).")
+    rollouts: list[Rollout] = Field(min_length=1, fail_fast=True,
+                                    description="Rollouts of this group that finished.")
+    data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
+
+
+class SessionRollouts(Contract):
+    """Body of POST /v1/sessions/{id}/rollouts: the /v1/score `groups` shape, partial."""
+
+    groups: list[SessionGroup] = Field(min_length=1, fail_fast=True)
+
+
+class SessionOpened(BaseModel):
+    session_id: str = Field(description="Unguessable session id (32 hex digits).")
+
+
+class SessionAccepted(BaseModel):
+    """Answer of POST /v1/sessions/{id}/rollouts."""
+
+    accepted: int = Field(description="New rollouts, now being verified.")
+    duplicates: int = Field(description="Rollouts already received with the same content "
+                            "(not scored again).")
+
+
+class SessionGroupEvent(GroupResult):
+    """A completed group: the /v1/score group object, plus what the session adds."""
+
+    index: int = Field(description="Order of the group's first sight in the session.")
+    final: bool = Field(description="True: its advantages are final (a group-level "
+                        "estimator). False: advantages come with the session's close "
+                        "(they need the whole batch); the rewards are final.")
+    reason: Literal["full", "closed", "timeout"] = Field(
+        description="full: group_size rollouts checked; closed: the client closed it; "
+        "timeout: group_timeout_s passed.")
+    failed: bool = Field(False, description="The group timed out with on_group_timeout=fail: "
+                         "it has no rewards and leaves the batch.")
+    arrived: int = Field(description="Rollouts it completed with (below group_size when "
+                         "closed early or timed out).")
+
+
+class SessionGroupWait(BaseModel):
+    """GET /v1/sessions/{id}/groups/{group_id} and POST .../close."""
+
+    group_id: str
+    complete: bool = Field(description="False: not complete yet (long-poll again).")
+    group: SessionGroupEvent | None = Field(
+        None, description="The group once complete; after the session's close, with its "
+        "final advantages.")
+
+
+class SessionClosed(BaseModel):
+    """POST /v1/sessions/{id}/close, and the data of the stream's `closed` event."""
+
+    session_id: str
+    state: Literal["closed", "cancelled", "expired"]
+    error: str | None = None
+    summary: Summary | None = None
+    result: ScoreResponse | None = Field(
+        None, description="The /v1/score response over the completed groups (first-sight "
+        "order), batch-level estimators included.")
+
+
+class SessionState(BaseModel):
+    """GET /v1/sessions/{id}."""
+
+    session_id: str
+    state: Literal["open", "closing", "closed", "cancelled", "expired"]
+    groups: int = Field(description="Groups seen.")
+    completed_groups: int
+    rollouts: int = Field(description="Rollouts received.")
+    created_at: str
+    error: str | None = None

@@ -70,6 +70,17 @@ class Settings(WorkerSettings):
     job_ttl_s: int = Field(
         24 * 3600, ge=1, description="A job (its state, progress and result) is kept this "
         "long after it finished; then GET /v1/jobs/{id} answers 404.")
+    session_max_open: int = Field(
+        8, ge=1, description="Streaming sessions (/v1/sessions) one tenant may have open at "
+        "once; beyond it: 429 with Retry-After.")
+    session_max_inflight: int = Field(
+        8192, ge=1, description="Rollouts one tenant may have sent to its open sessions and "
+        "not yet seen checked (per API pod); beyond it: 429 with Retry-After.")
+    session_idle_timeout_s: float = Field(
+        600.0, gt=0, description="A session that received no request for this long is "
+        "expired (its groups are dropped; a `closed` event with the error ends its stream).")
+    session_ttl_s: int = Field(
+        3600, ge=1, description="A closed session (its events and result) is kept this long.")
 
     compat_config: str | None = Field(
         None, description="Per-sample trainer protocols (OpenRLHF /get_reward, slime, "

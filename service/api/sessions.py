@@ -1,8 +1,180 @@
 """Streaming sessions (/v1/sessions): rollouts scored as they arrive, advantages per completed
-group. Built under issue #18."""
+group. Built under issue #18; the work is :mod:`rewardd.service.sessions`' (see its docstring).
+
+* ``POST /v1/sessions`` (a :class:`SessionSpec`) -> **201** ``{"session_id"}``, ``Location``.
+* ``POST /v1/sessions/{id}/rollouts`` (``{"groups": [...]}``, the /v1/score shape, partial
+  groups) -> ``{"accepted", "duplicates"}``; 409 for a conflicting resend or a group/session
+  no longer open.
+* ``POST /v1/sessions/{id}/groups/{group_id}/close``, ``GET
+  /v1/sessions/{id}/groups/{group_id}?wait_s=`` (long-poll) -> ``{"group_id", "complete",
+  "group"}``. Group ids may hold ``/`` (the rest of the path is the id).
+* ``GET /v1/sessions/{id}/events``: server-sent events, ``group`` (id = sequence number,
+  data = the group object) and a last ``closed`` (data = the close's answer); resumable with
+  ``Last-Event-ID`` on any pod, as job streams are.
+* ``POST /v1/sessions/{id}/close`` -> the ``closed`` event's data; ``GET`` / ``DELETE
+  /v1/sessions/{id}``: state / cancel.
+
+A session belongs to the tenant that opened it; for others it does not exist (404).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any, AsyncIterator
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
+from rewardd.service.api.jobs import HEARTBEAT_S, resume_after
+from rewardd.service.codec import read_model, render
+from rewardd.service.models import (ErrorResponse, SessionAccepted, SessionClosed,
+                                    SessionGroupWait, SessionOpened, SessionRollouts,
+                                    SessionSpec, SessionState)
+from rewardd.service.sessions import SessionManager, SessionNotFound
+from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+
+router = APIRouter(prefix="/v1", tags=["sessions"], dependencies=[Depends(current_tenant)],
+                   responses=AUTH_RESPONSES)
+
+MAX_WAIT_S = 60.0
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "No such session (or group) for this "
+          "tenant: never existed, expired, or another tenant's."}}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "A rollout resent with other content, or a "
+          "session or group that no longer takes rollouts."}}
+
+
+def _ok(model: Any, **more: Any) -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": model, "content": msgpack_content(model)}, **NOT_FOUND, **more}
+
+
+def _manager(request: Request) -> SessionManager:
+    return request.app.state.sessions
+
+
+@router.post("/sessions", status_code=201, response_model=None, openapi_extra=body(SessionSpec),
+             summary="Open a streaming session (one training step)",
+             responses={**responses(SessionOpened), **BUSY_RESPONSE,
+                        201: {"model": SessionOpened, "description": "Session opened.",
+                              "headers": {"Location": {"schema": {"type": "string"},
+                                                       "description": "The session's URL."}}}})
+async def open_session(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+    """Reward components, advantage spec, group size and timeout of the step; rollouts
+    follow as they finish."""
+    spec = await read_model(request, SessionSpec)
+    sid = await _manager(request).open(tenant, spec)
+    response = render(request, {"session_id": sid}, 201)
+    response.headers["Location"] = f"/v1/sessions/{sid}"
+    return response
+
+
+@router.post("/sessions/{session_id}/rollouts", response_model=None,
+             openapi_extra=body(SessionRollouts), summary="Send finished rollouts",
+             responses={**responses(SessionAccepted), **BUSY_RESPONSE, **NOT_FOUND,
+                        **CONFLICT})
+async def add_rollouts(session_id: str, request: Request,
+                       tenant: Tenant = Depends(current_tenant)) -> Response:
+    """Rollouts in the /v1/score `groups` shape (partial groups; prompt and reference on a
+    group's first sight); their checks start now. Resent rollouts are not scored twice."""
+    manager = _manager(request)
+    await manager.status(tenant, session_id)  # 404 before reading a body
+    req = await read_model(request, SessionRollouts)
+    return render(request, await manager.add(tenant, session_id, req))
+
+
+@router.get("/sessions/{session_id}", response_model=None, summary="Session state",
+            responses=_ok(SessionState))
+async def session_state(session_id: str, request: Request,
+                        tenant: Tenant = Depends(current_tenant)) -> Response:
+    return render(request, await _manager(request).status(tenant, session_id))
+
+
+@router.delete("/sessions/{session_id}", response_model=None, summary="Cancel a session",
+               responses=_ok(SessionState))
+async def cancel_session(session_id: str, request: Request,
+                         tenant: Tenant = Depends(current_tenant)) -> Response:
+    """Drop the session and its checks (idempotent); its state afterwards."""
+    return render(request, await _manager(request).cancel(tenant, session_id))
+
+
+@router.post("/sessions/{session_id}/close", response_model=None,
+             summary="End the step: the batch's advantages", responses=_ok(SessionClosed))
+async def close_session(session_id: str, request: Request,
+                        tenant: Tenant = Depends(current_tenant)) -> Response:
+    """Open groups complete from what arrived; once every check settled, the /v1/score
+    response over the completed groups (batch-level estimators computed now)."""
+    return render(request, await _manager(request).close(tenant, session_id))
+
+
+@router.post("/sessions/{session_id}/groups/{group_id:path}/close", response_model=None,
+             summary="Complete a group from what arrived", responses=_ok(SessionGroupWait))
+async def close_group(session_id: str, group_id: str, request: Request,
+                      tenant: Tenant = Depends(current_tenant)) -> Response:
+    group = await _manager(request).close_group(tenant, session_id, group_id)
+    return render(request, {"group_id": group_id, "complete": group is not None,
+                            "group": group})
+
+
+@router.get("/sessions/{session_id}/groups/{group_id:path}", response_model=None,
+            summary="A group's result (long-poll)", responses=_ok(SessionGroupWait))
+async def wait_group(session_id: str, group_id: str, request: Request,
+                     tenant: Tenant = Depends(current_tenant),
+                     wait_s: float = Query(0.0, ge=0, le=MAX_WAIT_S,
+                                           description="Wait up to this long for the group "
+                                           "to complete.")) -> Response:
+    """The group's object once complete; `complete: false` if it is not within `wait_s`."""
+    manager = _manager(request)
+    group = await manager.wait_group(tenant, session_id, group_id, wait_s)
+    if group is None and not await manager.known_group(session_id, group_id):
+        raise SessionNotFound(f"no group {group_id!r} in session {session_id}")
+    return render(request, {"group_id": group_id, "complete": group is not None,
+                            "group": group})
+
+
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["group", "closed"]},
+        "data": {"type": "string", "description": "The event's JSON object, as text: a "
+                 "SessionGroupEvent, or SessionClosed."},
+        "id": {"type": "string", "pattern": "^[0-9]+$",
+               "description": "Sequence number; resume after it with Last-Event-ID."},
+    },
+    "required": ["event", "data", "id"],
+}
+
+
+def _sse(event_id: int, kind: str, data: bytes) -> bytes:
+    return f"id: {event_id}\nevent: {kind}\n".encode() + b"data: " + data + b"\n\n"
+
+
+@router.get("/sessions/{session_id}/events", response_class=StreamingResponse,
+            summary="Completed groups, then the close (server-sent events)",
+            responses={200: {"description": "text/event-stream: `group` events, then "
+                             "`closed`.",
+                             "content": {"text/event-stream": {"schema": SSE_EVENT}}},
+                       **NOT_FOUND,
+                       422: {"model": ErrorResponse, "description": "`Last-Event-ID` is not "
+                             "an id this session's stream has sent."}})
+async def session_events(session_id: str, request: Request,
+                         tenant: Tenant = Depends(current_tenant),
+                         last_event_id: str | None = Header(
+                             None, alias="Last-Event-ID",
+                             description="Resume after this event id.")) -> StreamingResponse:
+    """Each group's object as it completes; resumable with `Last-Event-ID`."""
+    manager = _manager(request)
+    await manager.status(tenant, session_id)  # 404 now, not inside the stream
+    after = await resume_after(manager, session_id, last_event_id)
+
+    async def stream() -> AsyncIterator[bytes]:
+        async for event in manager.events(tenant, session_id, after, HEARTBEAT_S):
+            if event is None:
+                yield b": keep-alive\n\n"
+            else:
+                yield _sse(event.seq, event.kind, event.data)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+

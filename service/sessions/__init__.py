@@ -1,0 +1,66 @@
+"""Streaming sessions (issue #18): rollouts scored the moment they finish, a group's
+advantages the moment it is whole, the batch's at the step's close.
+
+Routes in :mod:`rewardd.service.api.sessions`; the work in
+:class:`~rewardd.service.sessions.manager.SessionManager`, one per API process on
+``app.state.sessions`` (started and stopped by the app's lifespan). Other routes (the
+per-sample trainer protocols) feed sessions through the same manager::
+
+    manager = request.app.state.sessions
+    sid = await manager.open(tenant, SessionSpec(...) or a dict)       # -> session id
+    await manager.add(tenant, sid, [{"group_id", "prompt", "reference",
+                                     "rollouts": [{...}, ...]}])        # -> {"accepted",
+                                                                        #     "duplicates"}
+    group = await manager.wait_group(tenant, sid, group_id, wait_s)     # -> group object|None
+    await manager.close_group(tenant, sid, group_id)                    # -> group object|None
+    final = await manager.close(tenant, sid)                            # -> {"session_id",
+                                                                        #  "state", "error",
+                                                                        #  "summary", "result"}
+    await manager.cancel(tenant, sid); await manager.status(tenant, sid)
+
+``tenant`` is a :class:`~rewardd.service.tenancy.Tenant` or a tenant name. A group object
+is the ``/v1/score`` group (``group_id``, ``rollouts`` with ``reward``, ``rewards``,
+``status``, ``advantages``..., ``diagnostics``) plus ``index`` (first-sight order),
+``final`` (its advantages are final: a group-level estimator; else they are null until the
+close, and ``wait_group`` after the close answers the final ones), ``reason`` (``full``,
+``closed``, ``timeout``), ``failed`` and ``arrived``. Errors: ``SessionNotFound`` (404),
+``SessionConflict`` (409; a resent rollout with other content, a group or session no longer
+open), ``RequestInvalid`` (422 naming the field), ``SessionBusy`` (429: the tenant's open
+sessions or rollouts in flight), all handled by the app.
+
+Semantics:
+
+* A group completes when ``group_size`` of its rollouts are checked, when the client closes
+  it, or ``group_timeout_s`` after its first rollout (completed from what arrived, or
+  ``failed`` with ``on_group_timeout="fail"``); then its ``group`` event is published.
+* Idempotent on (session, group, rollout_id): a resent rollout with the same content is
+  counted in ``duplicates`` and not scored again; with other content it is a 409.
+* Advantages come from the same functions as ``/v1/score``
+  (:mod:`rewardd.service.sessions.results`): bit for bit equal for group-level estimators
+  (:mod:`rewardd.service.sessions.locality`), and the close computes the whole batch
+  (batch whitening, gdpo, dara, reinforce_pp, filters, budgets, run state) exactly as
+  ``/v1/score`` would on the completed groups in first-sight order.
+* Stored like jobs (:mod:`rewardd.service.sessions.store`): in the process in embedded
+  mode, in Redis when shared state is configured, where a session outlives its pod.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rewardd.service.sessions.manager import (SessionBusy, SessionConflict, SessionManager,
+                                              SessionNotFound)
+from rewardd.service.sessions.store import MemoryStore, RedisStore, SessionStore
+
+
+def install(app: Any) -> None:
+    """``app.state.sessions``: a manager over Redis when the app has a shared-state client
+    (``app.state.redis``), else in memory. The lifespan calls ``start()`` and ``stop()``."""
+    state = app.state
+    ttl = state.settings.session_ttl_s
+    store = MemoryStore(ttl) if state.redis is None else RedisStore(state.redis, ttl)
+    state.sessions = SessionManager(state, store)
+
+
+__all__ = ["MemoryStore", "RedisStore", "SessionBusy", "SessionConflict", "SessionManager",
+           "SessionNotFound", "SessionStore", "install"]

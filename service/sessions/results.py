@@ -1,0 +1,85 @@
+"""A session's numbers, through the very functions ``/v1/score`` uses.
+
+A completed group is a one-group batch: :class:`~rewardd.advantages.table.FlatBatch` of its
+rollouts, the verifier columns from its stored outcomes plus the precomputed columns, then
+:func:`~rewardd.advantages.table.combine` and
+:func:`~rewardd.advantages.response.build_response` (advantages only when the spec is
+group-local, :mod:`rewardd.service.sessions.locality`). The close builds the whole batch the
+same way and answers through :func:`rewardd.service.respond.respond` (run state committed,
+metrics), so a session's numbers are ``/v1/score``'s on the same batch. CPU-bound: callers
+run these in a worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import orjson
+
+from rewardd.advantages.response import build_response
+from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
+from rewardd.service.models import Group, SessionSpec
+from rewardd.service.respond import respond
+from rewardd.service.runstate import RunStore
+from rewardd.verifiers.base import Outcome
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data (numpy arrays to lists): what the stores keep. orjson writes
+    the shortest text that reads back as the same float, so no number changes."""
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def group_model(doc: dict[str, Any]) -> Group:
+    """The stored group as the /v1/score request would have carried it."""
+    return Group.model_validate({
+        "group_id": doc["group_id"], "prompt": doc["prompt"], "reference": doc["reference"],
+        "data_source": doc.get("data_source"), "rollouts": [r["body"] for r in doc["rollouts"]]})
+
+
+def _batch(spec: SessionSpec, docs: Sequence[dict[str, Any]]
+           ) -> tuple[FlatBatch, list[Column]]:
+    flat = FlatBatch.of([group_model(doc) for doc in docs])
+    columns = [Column(s.name, s.weight, s.fallback,
+                      [Outcome.from_dict(r["cells"][s.name]) for doc in docs
+                       for r in doc["rollouts"]]) for s in spec.rewards]
+    columns += precomputed_columns(flat.rollouts, spec.advantage.weights)
+    return flat, columns
+
+
+def group_event(spec: SessionSpec, doc: dict[str, Any], final: bool) -> dict[str, Any]:
+    """The ``group`` event of a completed group: the /v1/score group object (advantages when
+    ``final``), with the group's index, reason and size as it completed."""
+    if doc.get("failed"):
+        ids = [r["id"] for r in doc["rollouts"]]
+        group: dict[str, Any] = {
+            "group_id": doc["group_id"], "rollouts": [],
+            "diagnostics": {"zero_spread": False, "singleton": False, "baseline_size": 0,
+                            "excluded": ids}}
+    else:
+        flat, columns = _batch(spec, [doc])
+        out = build_response(spec.run_id, flat, combine(columns, len(flat.rollouts)), columns,
+                             spec.advantage if final else None, None)
+        group = out["groups"][0]
+    group.update(index=doc["index"], final=final or bool(doc.get("failed")),
+                 reason=doc["reason"], failed=bool(doc.get("failed")),
+                 arrived=len(doc["rollouts"]))
+    return plain(group)
+
+
+def session_result(spec: SessionSpec, docs: Sequence[dict[str, Any]],
+                   runs: RunStore | None) -> dict[str, Any]:
+    """The close's /v1/score response over every completed, not failed group, in the order
+    they were first seen (batch-level estimators computed now)."""
+    kept = sorted((d for d in docs if d["state"] == "done" and not d.get("failed")),
+                  key=lambda d: d["index"])
+    if not kept:
+        return {"run_id": spec.run_id, "estimator": spec.advantage.estimator,
+                "profile": spec.advantage.profile.value, "groups": [], "advice": {},
+                "report": {}, "summary": {
+                    "rollouts": 0, "groups": 0, "failed_cells": 0, "excluded_rollouts": 0,
+                    "zero_spread_groups": 0, "singleton_groups": 0,
+                    "zero_advantage_fraction": None, "reward_mean": None, "reward_std": None}}
+    flat, columns = _batch(spec, kept)
+    return plain(respond(spec.run_id, flat, combine(columns, len(flat.rollouts)), columns,
+                         spec.advantage, runs))

@@ -1,0 +1,364 @@
+"""Where sessions live: a small record, one document per group, and an event list.
+
+Stored like jobs (:mod:`rewardd.service.jobs.store`): in the API process without Redis
+(embedded mode), in Redis when ``REWARDD_STATE_URL`` or the broker is set, so that every API
+pod sees every session and another pod resumes a session whose pod died. Events use the jobs'
+encoding (:func:`rewardd.service.jobs.store.encode_event`): an event's id is its 1-based
+position in the list, so ``Last-Event-ID`` resumes exactly on any pod.
+
+Why a document per group under a per-session lock rather than one Lua script per transition
+(as jobs do): a session's transitions (a rollout arrives, a check settles, a group completes
+and its result is computed with the advantage library) are Python logic over a whole group;
+written once as read-modify-write of plain dicts, the memory and Redis stores share all of it
+(:mod:`rewardd.service.sessions.manager`), and a group's document is small (its rollouts).
+
+Redis keys, under ``rewardd:sess:<id>``: the record (JSON string), ``:groups`` (hash:
+group id -> document JSON), ``:events`` (list), ``:deadlines`` (sorted set: group id by the
+unix time its timeout falls), ``:lock`` (the session's lock, ``SET NX PX`` with a token);
+``rewardd:sessions:active`` (set of open or closing sessions, for every pod's sweeper),
+``rewardd:sessions:tenant:<tenant>`` (set of the tenant's open sessions, for its limit) and
+``rewardd:sess-pod:<owner>`` (a pod's heartbeat: a check owned by a pod whose heartbeat
+expired is run again by another pod). Active sessions' keys live :data:`ACTIVE_TTL_S`; a
+finished session's get ``session_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import orjson
+
+from rewardd.service.jobs.store import Event, decode_event
+
+T = TypeVar("T")
+GroupUpdate = Callable[[dict[str, Any] | None], Awaitable[tuple[dict[str, Any] | None, T,
+                                                                list[bytes]]]]
+"""``doc -> (new doc or None to leave it, the caller's result, events to append)``."""
+MetaUpdate = Callable[[dict[str, Any]], Awaitable[tuple[bool, T, list[bytes]]]]
+"""``record -> (changed, the caller's result, events to append)``; mutates the record."""
+
+ACTIVE_TTL_S = 7 * 24 * 3600
+HEARTBEAT_S = 4.0
+"""A pod's heartbeat outlives its last renewal by this long."""
+LOCK_MS = 10_000
+LOCK_RETRY_S = 0.002
+
+
+class SessionStore(abc.ABC):
+    """Session records, group documents and events; every update is atomic per session."""
+
+    durable = False
+
+    def __init__(self, ttl_s: int) -> None:
+        self.ttl_s = max(1, int(ttl_s))
+
+    @abc.abstractmethod
+    async def create(self, record: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def record(self, sid: str) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    def locked(self, sid: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The session's lock (across pods for Redis)."""
+
+    @abc.abstractmethod
+    async def _write(self, sid: str, record: dict[str, Any] | None,
+                     groups: dict[str, dict[str, Any]], events: list[bytes]) -> None:
+        """Write under the lock: the record (None: unchanged), group documents, events."""
+
+    @abc.abstractmethod
+    async def groups(self, sid: str, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Group documents (all, or those of ``ids`` that exist)."""
+
+    @abc.abstractmethod
+    async def events(self, sid: str, after: int = 0) -> list[Event]: ...
+
+    @abc.abstractmethod
+    async def last_event(self, sid: str) -> int: ...
+
+    @abc.abstractmethod
+    async def set_deadline(self, sid: str, gid: str, at: float | None) -> None:
+        """When group ``gid`` times out (unix seconds); None: no longer."""
+
+    @abc.abstractmethod
+    async def due(self, sid: str, now: float) -> list[str]:
+        """Groups whose deadline passed."""
+
+    @abc.abstractmethod
+    async def active(self) -> list[str]:
+        """Sessions open or closing."""
+
+    @abc.abstractmethod
+    async def open_count(self, tenant: str) -> int: ...
+
+    @abc.abstractmethod
+    async def finish(self, sid: str, tenant: str) -> None:
+        """The session ended: off the active lists, every key gets ``ttl_s``."""
+
+    @abc.abstractmethod
+    async def beat(self, owner: str) -> None:
+        """This pod is alive (renewed every second)."""
+
+    @abc.abstractmethod
+    async def alive(self, owners: set[str]) -> set[str]:
+        """Which of ``owners`` still beat."""
+
+    async def update_group(self, sid: str, gid: str, fn: GroupUpdate[T]) -> T:
+        """Read group ``gid``'s document, let ``fn`` change it, write it (and ``fn``'s
+        events), all under the session's lock."""
+        async with self.locked(sid):
+            doc = (await self.groups(sid, [gid])).get(gid)
+            new, result, events = await fn(doc)
+            if new is not None or events:
+                await self._write(sid, None, {gid: new} if new is not None else {}, events)
+            return result
+
+    async def update_record(self, sid: str, fn: MetaUpdate[T]) -> T | None:
+        """The same for the session's record; None when the session does not exist."""
+        async with self.locked(sid):
+            record = await self.record(sid)
+            if record is None:
+                return None
+            changed, result, events = await fn(record)
+            if changed or events:
+                await self._write(sid, record if changed else None, {}, events)
+            return result
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+class MemoryStore(SessionStore):
+    """Sessions in this process (embedded mode): lost when it stops."""
+
+    def __init__(self, ttl_s: int) -> None:
+        super().__init__(ttl_s)
+        self._records: dict[str, dict[str, Any]] = {}
+        self._groups: dict[str, dict[str, dict[str, Any]]] = {}
+        self._events: dict[str, list[bytes]] = {}
+        self._deadlines: dict[str, dict[str, float]] = {}
+        self._expires: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for sid in [s for s, t in self._expires.items() if t < now]:
+            for table in (self._records, self._groups, self._events, self._deadlines,
+                          self._expires, self._locks):
+                table.pop(sid, None)
+
+    async def create(self, record: dict[str, Any]) -> None:
+        self._prune()
+        sid = record["id"]
+        self._records[sid] = dict(record)
+        self._groups[sid], self._events[sid], self._deadlines[sid] = {}, [], {}
+
+    async def record(self, sid: str) -> dict[str, Any] | None:
+        record = self._records.get(sid)
+        return dict(record) if record is not None else None
+
+    def locked(self, sid: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._locks.setdefault(sid, asyncio.Lock())  # type: ignore[return-value]
+
+    async def _write(self, sid: str, record: dict[str, Any] | None,
+                     groups: dict[str, dict[str, Any]], events: list[bytes]) -> None:
+        if sid not in self._records:
+            return
+        if record is not None:
+            self._records[sid] = dict(record)
+        self._groups[sid].update(groups)
+        self._events[sid].extend(events)
+
+    async def groups(self, sid: str, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        table = self._groups.get(sid, {})
+        # copies: a caller's change is stored only through update_group
+        return {gid: orjson.loads(orjson.dumps(doc)) for gid, doc in table.items()
+                if ids is None or gid in ids}
+
+    async def events(self, sid: str, after: int = 0) -> list[Event]:
+        return [decode_event(seq, raw) for seq, raw in
+                enumerate(self._events.get(sid, [])[after:], start=after + 1)]
+
+    async def last_event(self, sid: str) -> int:
+        return len(self._events.get(sid, []))
+
+    async def set_deadline(self, sid: str, gid: str, at: float | None) -> None:
+        table = self._deadlines.setdefault(sid, {})
+        if at is None:
+            table.pop(gid, None)
+        else:
+            table[gid] = at
+
+    async def due(self, sid: str, now: float) -> list[str]:
+        return sorted(g for g, t in self._deadlines.get(sid, {}).items() if t <= now)
+
+    async def active(self) -> list[str]:
+        self._prune()
+        return [sid for sid, r in self._records.items() if r["state"] in ("open", "closing")]
+
+    async def open_count(self, tenant: str) -> int:
+        return sum(1 for r in self._records.values()
+                   if r["tenant"] == tenant and r["state"] in ("open", "closing"))
+
+    async def finish(self, sid: str, tenant: str) -> None:
+        self._expires[sid] = time.monotonic() + self.ttl_s
+        self._deadlines.pop(sid, None)
+
+    async def beat(self, owner: str) -> None:
+        pass
+
+    async def alive(self, owners: set[str]) -> set[str]:
+        return set(owners)  # one process: every owner is this one
+
+
+PREFIX = "rewardd:sess:"
+ACTIVE_SET = "rewardd:sessions:active"
+TENANT_PREFIX = "rewardd:sessions:tenant:"
+POD_PREFIX = "rewardd:sess-pod:"
+
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def key(sid: str, part: str = "") -> str:
+    return f"{PREFIX}{sid}{':' + part if part else ''}"
+
+
+class RedisStore(SessionStore):
+    """Sessions in Redis, shared by every API pod (see the module docstring for the keys)."""
+
+    durable = True
+
+    def __init__(self, client: Any, ttl_s: int) -> None:
+        super().__init__(ttl_s)
+        self.client = client
+        self._unlock = client.register_script(_UNLOCK)
+        self._local: dict[str, asyncio.Lock] = {}  # one waiter per pod on the Redis lock
+
+    async def create(self, record: dict[str, Any]) -> None:
+        sid = record["id"]
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(key(sid), orjson.dumps(record), ex=ACTIVE_TTL_S)
+            pipe.sadd(ACTIVE_SET, sid)
+            pipe.sadd(TENANT_PREFIX + record["tenant"], sid)
+            await pipe.execute()
+
+    async def record(self, sid: str) -> dict[str, Any] | None:
+        raw = await self.client.get(key(sid))
+        return orjson.loads(raw) if raw is not None else None
+
+    @contextlib.asynccontextmanager
+    async def locked(self, sid: str) -> AsyncIterator[None]:  # type: ignore[override]
+        local = self._local.setdefault(sid, asyncio.Lock())
+        async with local:
+            token = uuid.uuid4().hex
+            deadline = time.monotonic() + LOCK_MS / 1000
+            while not await self.client.set(key(sid, "lock"), token, nx=True, px=LOCK_MS):
+                if time.monotonic() > deadline:  # a holder that died: its lock expired
+                    raise TimeoutError(f"session {sid}: lock not acquired")
+                await asyncio.sleep(LOCK_RETRY_S)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await self._unlock(keys=[key(sid, "lock")], args=[token])
+        if not local.locked() and self._local.get(sid) is local:
+            self._local.pop(sid, None)
+
+    async def _write(self, sid: str, record: dict[str, Any] | None,
+                     groups: dict[str, dict[str, Any]], events: list[bytes]) -> None:
+        ttl = await self.client.ttl(key(sid))
+        if ttl == -2:  # gone (expired or cancelled long ago)
+            return
+        ttl = ttl if ttl > 0 else ACTIVE_TTL_S
+        async with self.client.pipeline(transaction=True) as pipe:
+            if record is not None:
+                pipe.set(key(sid), orjson.dumps(record), ex=ttl)
+            if groups:
+                pipe.hset(key(sid, "groups"),
+                          mapping={gid: orjson.dumps(doc) for gid, doc in groups.items()})
+                pipe.expire(key(sid, "groups"), ttl)
+            if events:
+                pipe.rpush(key(sid, "events"), *events)
+                pipe.expire(key(sid, "events"), ttl)
+            await pipe.execute()
+
+    async def groups(self, sid: str, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        if ids is None:
+            raw = await self.client.hgetall(key(sid, "groups"))
+            return {k.decode(): orjson.loads(v) for k, v in raw.items()}
+        if not ids:
+            return {}
+        values = await self.client.hmget(key(sid, "groups"), ids)
+        return {gid: orjson.loads(v) for gid, v in zip(ids, values) if v is not None}
+
+    async def events(self, sid: str, after: int = 0) -> list[Event]:
+        raw = await self.client.lrange(key(sid, "events"), after, -1)
+        return [decode_event(seq, item) for seq, item in enumerate(raw, start=after + 1)]
+
+    async def last_event(self, sid: str) -> int:
+        return int(await self.client.llen(key(sid, "events")))
+
+    async def set_deadline(self, sid: str, gid: str, at: float | None) -> None:
+        if at is None:
+            await self.client.zrem(key(sid, "deadlines"), gid)
+        else:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zadd(key(sid, "deadlines"), {gid: at})
+                pipe.expire(key(sid, "deadlines"), ACTIVE_TTL_S)
+                await pipe.execute()
+
+    async def due(self, sid: str, now: float) -> list[str]:
+        raw = await self.client.zrangebyscore(key(sid, "deadlines"), "-inf", now)
+        return [m.decode() for m in raw]
+
+    async def _live(self, members_of: str) -> list[str]:
+        """Members of the set ``members_of`` whose session still exists (the others,
+        expired while active, are dropped from it)."""
+        ids = sorted(m.decode() for m in await self.client.smembers(members_of))
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for sid in ids:
+                pipe.exists(key(sid))
+            flags = await pipe.execute()
+        gone = [sid for sid, flag in zip(ids, flags) if not flag]
+        if gone:
+            await self.client.srem(members_of, *gone)
+        return [sid for sid, flag in zip(ids, flags) if flag]
+
+    async def active(self) -> list[str]:
+        return await self._live(ACTIVE_SET)
+
+    async def open_count(self, tenant: str) -> int:
+        return len(await self._live(TENANT_PREFIX + tenant))
+
+    async def finish(self, sid: str, tenant: str) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.srem(ACTIVE_SET, sid)
+            pipe.srem(TENANT_PREFIX + tenant, sid)
+            for part in ("", "groups", "events"):
+                pipe.expire(key(sid, part), self.ttl_s)
+            pipe.delete(key(sid, "deadlines"))
+            await pipe.execute()
+
+    async def beat(self, owner: str) -> None:
+        await self.client.set(POD_PREFIX + owner, b"1", px=int(HEARTBEAT_S * 1000))
+
+    async def alive(self, owners: set[str]) -> set[str]:
+        ordered = sorted(owners)
+        if not ordered:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for owner in ordered:
+                pipe.exists(POD_PREFIX + owner)
+            flags = await pipe.execute()
+        return {owner for owner, flag in zip(ordered, flags) if flag}
