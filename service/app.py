@@ -18,6 +18,7 @@ from starlette.routing import Match
 from rewardd.service import __version__
 from rewardd.service.api import catalogue, compat, health, jobs, runs, score, sessions, verify
 from rewardd.service.codec import BodyError
+from rewardd.service.disconnect import CancelOnDisconnect
 from rewardd.service.jobs import install as install_jobs
 from rewardd.service.sessions import install as install_sessions
 from rewardd.service.logs import RequestContext
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     for router in (score.router, jobs.router, sessions.router, verify.router, catalogue.router,
                    runs.router, compat.router, health.router):
         app.include_router(router)
+    app.add_middleware(CancelOnDisconnect)  # a client that left cancels its work
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(RequestContext)  # outermost: ids bound for every line, access log too
     _add_error_handlers(app)

@@ -98,6 +98,13 @@ class Settings(WorkerSettings):
             validated_compat_config(self)
         return self
 
+    shutdown_grace_s: float = Field(
+        25.0, gt=0, le=3600, description="On SIGTERM, how long `rewardd serve` lets requests "
+        "in flight finish (new connections are refused at once); then their work is cancelled, "
+        "running jobs are handed over (or failed, without Redis) and the process exits. Below "
+        "Kubernetes' default 30 s grace, so the pod is not SIGKILLed first. A request whose "
+        "client disconnected is cancelled at once, grace or not.")
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""
