@@ -61,7 +61,7 @@ from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, It
                               ProgressCallback, VerifyCall, keeps_group_whole, unsendable)
 from rewardd.workers.fairness import (DEFAULT_FLOW, FairQueue, Flow, QueueClosed, Ticket,
                                       current_flow)
-from rewardd.workers.liveness import FleetView, kombu_restorer, observe
+from rewardd.workers.liveness import FleetView, kombu_restorer, missing_tasks, observe
 from rewardd.workers.packing import Pack, pack_target, plan
 from rewardd.workers.routing import DEFAULT_QUEUE, Router
 
@@ -776,9 +776,8 @@ class CeleryExecutor(Executor):
         loop = asyncio.get_running_loop()
         view, self._epoch = await loop.run_in_executor(self._watch_io, self._observe)
         if view.data_lost:
-            log.warning("Redis lost its data (restarted without persistence?): tasks this "
-                        "process published before now are sent again unless a worker holds "
-                        "them")
+            log.warning("Redis restarted or lost its data: tasks this process published "
+                        "before now that are nowhere in Redis are sent again")
             self._lost_at = view.at
         self._fleet = view
         return view
@@ -855,26 +854,34 @@ class CeleryExecutor(Executor):
             self._abandon(revoke)
 
     def _republish_lost(self, view: FleetView) -> None:
-        """Redis lost its data at ``_lost_at``: every task published before then that is
-        still awaited, and that no live worker holds, is in no queue and has no result.
-        Publish it again under the same id (a task that ran twice is read once)."""
+        """Redis restarted (or lost its data) at ``_lost_at``: every task published before
+        then that is still awaited, that no live worker holds, that is in no queue, not
+        unacknowledged and without a result (:func:`~rewardd.workers.liveness.missing_tasks`)
+        is published again under the same id (a task that ran twice is read once)."""
         lost_at, self._lost_at = self._lost_at, None
-        again = [entry for task_id, entry in self._entries.items()
-                 if task_id in self._waiters and self._waiters[task_id].published <= lost_at
-                 and task_id not in view.held and not entry.future.done()]
-        if not again:
+        suspects = [entry for task_id, entry in self._entries.items()
+                    if task_id in self._waiters and self._waiters[task_id].published <= lost_at
+                    and task_id not in view.held and not entry.future.done()]
+        if not suspects:
             return
-        log.warning("publishing %d task(s) again that Redis lost", len(again))
-        metrics.TASK_RETRIES.labels(again[0].queue, "republished").inc(len(again))
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._io, self._publish,
-                                   [(entry.task_id, entry.pack) for entry in again])
+        keys = [self._waiters[entry.task_id].key for entry in suspects]
+
+        def audit_and_send() -> dict[str, Exception]:
+            queue_keys = [k for names in (self._queue_keys() or {}).values() for k in names]
+            with self.app.connection_for_write() as conn:
+                lost = set(missing_tasks(conn.default_channel.client, self._backend.client,
+                                         [e.task_id for e in suspects], keys, queue_keys))
+            again = [(e.task_id, e.pack) for e in suspects if e.task_id in lost]
+            if again:
+                log.warning("publishing %d task(s) again that Redis lost", len(again))
+                metrics.TASK_RETRIES.labels(suspects[0].queue, "republished").inc(len(again))
+            return self._publish(again) if again else {}
+
+        job = asyncio.get_running_loop().run_in_executor(self._io, audit_and_send)
 
         def published(done: asyncio.Future) -> None:
-            errors = done.result() if not done.cancelled() and done.exception() is None \
-                else {entry.task_id: RuntimeError("republish failed") for entry in again}
-            if errors:  # the broker went away again: try once more after the next wait
-                self._lost_at = lost_at
+            if done.cancelled() or done.exception() is not None or done.result():
+                self._lost_at = lost_at  # the broker went away again: audit once more
         job.add_done_callback(published)
 
     def _census_soon(self) -> None:

@@ -228,7 +228,9 @@ class FleetView:
     held: frozenset[str] = frozenset()
     """Task ids some live worker holds."""
     data_lost: bool = False
-    """Redis lost its data since the previous observation (:data:`EPOCH_KEY`)."""
+    """Redis restarted (its run id changed) or lost its data (:data:`EPOCH_KEY`) since the
+    previous observation: messages may have vanished, even with persistence (one a worker
+    popped from its queue while the connection broke, before kombu recorded it unacked)."""
     requeued: int = 0
 
 
@@ -251,8 +253,13 @@ def observe(client: Any, restore: Callable[[str], None], declare: Callable[[list
         pipe.get(EPOCH_KEY)
         for queue in queues:
             pipe.exists(binding_key(queue))
-        _, current, *bound = pipe.execute()
-    current = current.decode() if isinstance(current, bytes) else current
+        _, marker, *bound = pipe.execute()
+    marker = marker.decode() if isinstance(marker, bytes) else marker
+    try:
+        run_id = client.info("server").get("run_id", "")
+    except Exception:  # INFO refused (some managed Redis): the marker alone
+        run_id = ""
+    current = f"{marker}/{run_id}"
     lost = epoch is not None and current != epoch
     missing = [queue for queue, exists in zip(queues, bound) if not exists]
     if missing:
@@ -263,3 +270,35 @@ def observe(client: Any, restore: Callable[[str], None], declare: Callable[[list
         requeued = reap(client, restore, lost_after_s, workers)
     return FleetView(time.monotonic(), None, consumers(workers), frozenset(held_task_ids(workers)),
                      lost, requeued), current
+
+
+def missing_tasks(broker: Any, backend: Any, task_ids: list[str], result_keys: list[str],
+                  queue_keys: list[str]) -> list[str]:
+    """Of ``task_ids`` (with their result keys in ``backend``), those in no queue list of
+    ``broker``, not unacknowledged there and without a stored result: what Redis lost. Reads
+    every message in ``queue_keys`` and the ``unacked`` hash, so it is run only after Redis
+    restarted (bounded by the dispatch window per queue and API process)."""
+    with broker.pipeline(transaction=False) as pipe:
+        for key in queue_keys:
+            pipe.lrange(key, 0, -1)
+        pipe.hvals("unacked")
+        replies = pipe.execute()
+    with backend.pipeline(transaction=False) as pipe:
+        for key in result_keys:
+            pipe.exists(key)
+        stored = pipe.execute()
+    present = {_message_id(json.loads(raw)) for messages in replies[:-1] for raw in messages}
+    for raw in replies[-1]:
+        try:
+            present.add(_message_id(json.loads(raw)[0]))
+        except (ValueError, TypeError, IndexError):
+            continue
+    return [task_id for task_id, found in zip(task_ids, stored)
+            if not found and task_id not in present]
+
+
+def _message_id(payload: Any) -> str:
+    try:
+        return str(payload["headers"]["id"])
+    except (TypeError, KeyError):
+        return ""
