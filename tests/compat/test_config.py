@@ -1,0 +1,72 @@
+"""REWARDD_COMPAT_CONFIG is checked when the settings load: a file or inline JSON, and every
+bad field named with its reason (rewardd serve refuses to start on it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from rewardd.service.compat.config import CompatConfig, load_compat_config
+from rewardd.service.settings import Settings
+
+
+def refused(source: str) -> str:
+    with pytest.raises(ValidationError) as info:
+        Settings(compat_config=source)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"rewards": [{"name": "x", "verifier": "nope"}]}, "rewards.0.verifier: unknown verifier"),
+    ({"rewards": [{"name": "r", "verifier": "regex", "params": {}}]},
+     "rewards.0.params.pattern: Field required"),
+    ({"rewards": []}, "rewards: List should have at least 1 item"),
+    ({"group": {"size": 4, "advantage": {"estimator": "no_such"}}},
+     "group.advantage.estimator"),
+    ({"group": {"size": 0}}, "group.size: Input should be greater than or equal to 1"),
+    ({"group": {"size": 4, "timeout_s": 600}}, "group.timeout_s"),
+    ({"openrlhf": {"value": "advantage"}},
+     "openrlhf.value is `advantage` but group.advantage is not set"),
+    ({"slime": {"path": "/verify"}}, "slime.path '/verify' is another route"),
+    ({"slime": {"reward_key": "a b"}}, "slime.reward_key"),
+    ({"lable_format": "json"}, "lable_format: Extra inputs are not permitted"),
+])
+def test_a_bad_field_is_refused_naming_it(config, words):
+    assert words in refused(json.dumps(config))
+
+
+def test_a_missing_file_and_bad_json_or_yaml_are_refused_naming_the_source(tmp_path):
+    assert "cannot read file" in refused(str(tmp_path / "absent.json"))
+    assert "inline JSON): not valid JSON" in refused("{oops")
+    bad = tmp_path / "compat.yaml"
+    bad.write_text("rewards: [unclosed\n")
+    assert "not valid YAML" in refused(str(bad))
+    listed = tmp_path / "compat.json"
+    listed.write_text("[1]")
+    assert "expected an object, got list" in refused(str(listed))
+
+
+def test_a_yaml_file_gives_the_same_config_as_inline_json(tmp_path):
+    path = tmp_path / "compat.yml"
+    path.write_text("rewards:\n  - {name: ok, verifier: exact_match}\n"
+                    "group: {size: 4, advantage: {estimator: rloo}}\n"
+                    "slime: {reward_key: acc, value: advantage}\n")
+    inline = json.dumps({"rewards": [{"name": "ok", "verifier": "exact_match"}],
+                         "group": {"size": 4, "advantage": {"estimator": "rloo"}},
+                         "slime": {"reward_key": "acc", "value": "advantage"}})
+    assert load_compat_config(str(path)) == load_compat_config(inline)
+    config = Settings(compat_config=str(path))
+    assert config.compat_config == str(path)
+    loaded = load_compat_config(str(path))
+    assert loaded.group.advantage.output == "scalar"  # one number per sample, forced
+
+
+def test_the_defaults_are_math_with_a_flagged_fallback_and_no_groups():
+    config = CompatConfig()
+    assert [(s.name, s.verifier, s.fallback) for s in config.rewards] == [
+        ("correct", "math", 0.0)]
+    assert config.reference == {"answer": "{label}"} and config.group is None
+    assert (config.slime.path, config.slime.reward_key) == ("/slime/reward", "reward")
+    assert config.nemo_gym.label_field == "expected_answer"
