@@ -1,11 +1,16 @@
-"""A whole worker pod (main process and children) SIGKILLed mid-batch, restarted 1 s later:
-the batch completes with every reward right, and the lost pod's tasks come back within
-seconds (its heartbeat expires, a reaper requeues them), not after the 900 s visibility
-timeout."""
+"""A whole worker pod (main process and children) SIGKILLed mid-batch, restarted 1 s later,
+and one child of the other worker SIGKILLed too: the batch completes with every reward right.
+The lost pod's tasks come back within seconds (its heartbeat expires, a reaper requeues
+them), not after the 900 s visibility timeout; the lost child's task is requeued by Celery at
+once (reject on worker lost). Idempotent tasks mean a rerun changes nothing.
+(Moved here from tests/integration/test_worker_loss.py, which waited out a visibility
+timeout.)"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -47,6 +52,9 @@ async def test_a_worker_pod_killed_mid_batch_costs_seconds_not_the_visibility_ti
         await wait_until_both_hold_tasks(client, run, timeout_s=60)
         doomed.kill()
         killed = time.monotonic()
+        children = survivor.children()
+        assert children, survivor.output()
+        os.kill(children[0], signal.SIGKILL)
         await asyncio.sleep(1.0)
         restart = asyncio.get_running_loop().run_in_executor(None, workers.start, 1, "cpu", 2)
         result = await asyncio.wait_for(run, timeout=120)
