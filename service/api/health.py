@@ -15,7 +15,8 @@ from rewardd.verifiers.code.sandbox import isolation
 router = APIRouter(tags=["operations"])
 
 READY_WAIT_S = 5.0
-"""How long /readyz waits for a worker's answer to its ping."""
+"""Longest /readyz waits for its answer (a ping of the embedded pool; a fresh look at the
+broker and the workers' heartbeats when the distributed executor's is a few beats old)."""
 
 
 @router.get("/healthz", summary="Liveness")
@@ -26,8 +27,12 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="Readiness", responses={503: {"description": "Not ready."}})
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when a verifier worker answers a round trip; when not, `reason` says why (no
-    worker answered in time, or the worker pool died and its replacement is starting)."""
+    """Ready when verifiers can run. Distributed: the broker answers and every queue of
+    REWARDD_READY_QUEUES has a worker with a live heartbeat (no task is queued to find out, so
+    a long batch never delays the answer); `executor.consumers_by_queue` and
+    `executor.queues_without_consumer` list every routed queue. Embedded: a pool worker answers
+    a round trip. When not ready, `reason` says why (the broker is unreachable, which queue has
+    no live consumer, or the worker pool died and its replacement is starting)."""
     executor = request.app.state.executor
     ready = await executor.ready(READY_WAIT_S)
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
