@@ -5,6 +5,7 @@ security and lifecycle settings the design depends on asserted on the rendered o
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -332,3 +333,36 @@ def test_pod_disruption_budgets_cover_the_api_and_each_pool() -> None:
     budgets = of_kind(render(), "PodDisruptionBudget")
     assert set(budgets) == {f"{RELEASE}-rewardd-api", f"{RELEASE}-rewardd-worker-cpu",
                             f"{RELEASE}-rewardd-worker-sandbox"}
+
+
+def container_environments(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Literal environment of each rewardd container (secret-fed variables given a stand-in
+    value, Kubernetes' $(VAR) references expanded)."""
+    out = {}
+    for name, deployment in of_kind(docs, "Deployment").items():
+        for container in containers(deployment):
+            env = {e["name"]: e.get("value", "redis://redis.example:6379") for e in container["env"]}
+            for key, value in env.items():
+                for ref, sub in env.items():
+                    value = value.replace(f"$({ref})", sub)
+                env[key] = value
+            out[name] = env
+    return out
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=ci_id)
+def test_every_rewardd_variable_the_chart_sets_is_a_valid_setting(
+        values_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rewardd refuses to start on an unknown REWARDD_* variable or a bad value: load the
+    settings from each container's environment exactly as `rewardd serve`/`worker` do."""
+    from rewardd.service.environment import load_settings
+
+    for name, env in container_environments(render(values_of(values_file))).items():
+        for key in [k for k in os.environ if k.startswith("REWARDD_")]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        settings = load_settings()
+        assert settings.broker_url and settings.broker_url.startswith("redis://"), name
+        if "-worker-" in name:
+            assert settings.worker_queue_names == [name.rsplit("-", 1)[1]]

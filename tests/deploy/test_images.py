@@ -229,3 +229,22 @@ def test_worker_probe_follows_a_real_workers_heartbeat() -> None:
         client.flushdb()
     down = run_probe({**env, "REWARDD_BROKER_URL": "redis://127.0.0.1:1/0"})
     assert down.returncode == 0 and "unreachable" in down.stderr, down.stderr
+
+
+def test_every_rewardd_variable_the_compose_file_sets_is_a_valid_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rewardd.service.environment import load_settings
+
+    done = compose_config(COMPOSE, "--profile", "gpu")
+    services = yaml.safe_load(done.stdout)["services"]
+    rewardd = [name for name in services if name == "api" or name.startswith("worker-")]
+    assert len(rewardd) == 1 + len(QUEUES)
+    for name in rewardd:
+        for key in [k for k in os.environ if k.startswith("REWARDD_")]:
+            monkeypatch.delenv(key)
+        for key, value in services[name]["environment"].items():
+            monkeypatch.setenv(key, str(value))
+        settings = load_settings()
+        assert settings.broker_url == "redis://redis:6379/0", name
+        if name != "api":
+            assert settings.worker_metrics_port == 9808
