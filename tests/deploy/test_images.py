@@ -27,7 +27,7 @@ from tests.deploy.conftest import DEPLOY, REPO, find_tool
 
 pytestmark = pytest.mark.deploy
 
-DOCKERFILES = sorted(DEPLOY.rglob("Dockerfile*"))
+DOCKERFILES = sorted(p for p in DEPLOY.rglob("Dockerfile*") if p.suffix != ".dockerignore")
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 PROBE = DEPLOY / "docker" / "worker_probe.py"
