@@ -83,6 +83,18 @@ def test_grafana_provisioning_points_at_the_dashboard_and_prometheus() -> None:
     assert sources["datasources"][0]["type"] == "prometheus"
 
 
+def test_kubernetes_scrape_config_keeps_the_chart_pods_per_job() -> None:
+    """Debian's promtool lacks Kubernetes discovery: the structure is checked here."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"rewardd-api", "rewardd-worker"}
+    for name, component in (("rewardd-api", "api"), ("rewardd-worker", "worker-.+")):
+        keeps = [(r["source_labels"], r["regex"]) for r in jobs[name]["relabel_configs"]
+                 if r.get("action") == "keep"]
+        assert (["__meta_kubernetes_pod_label_app_kubernetes_io_component"], component) in keeps
+        assert jobs[name]["kubernetes_sd_configs"] == [{"role": "pod"}]
+
+
 def test_scrape_config_is_valid(tmp_path: Path) -> None:
     config = yaml.safe_load(CONFIG.read_text())
     assert {job["job_name"] for job in config["scrape_configs"]} == \
