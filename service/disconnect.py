@@ -27,8 +27,10 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-WATCHED = ("/v1/score", "/v1/rewards", "/v1/advantages", "/v1/verify/")
-"""Path prefixes of the POST routes whose work is cancelled when their client leaves."""
+WATCHED = ("/v1/score", "/v1/rewards", "/v1/advantages", "/v1/verify/", "/get_reward",
+           "/verify")
+"""Path prefixes of the POST routes whose work is cancelled when their client leaves (the
+per-sample trainer protocols' fixed paths included; slime's configured path is not)."""
 
 
 class CancelOnDisconnect:
