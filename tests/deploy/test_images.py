@@ -153,8 +153,8 @@ def test_compose_mounts_the_observability_files_that_exist() -> None:
 
 def isolation_under(capabilities: list[str]) -> str:
     """The code sandbox's isolation level, and a python, C++ and JavaScript run, in a process
-    whose capability bounding set is ``capabilities`` (as uid 0 in a container granted
-    exactly those)."""
+    whose capability bounding set is ``capabilities`` and with no_new_privs set (as uid 0 in a
+    container granted exactly those, with allowPrivilegeEscalation: false)."""
     script = (
         "from rewardd.verifiers import CodeVerifier\n"
         "from rewardd.verifiers.base import Sample, run_verifier\n"
@@ -169,8 +169,9 @@ def isolation_under(capabilities: list[str]) -> str:
         "    ok.append(o.ok and o.reward == 1.0 and o.detail['isolation'] == level)\n"
         "print(level, all(ok))\n")
     bounding = "-all," + ",".join(f"+{c.lower()}" for c in capabilities)
-    done = subprocess.run([find_tool("setpriv"), "--bounding-set", bounding, "--inh-caps",
-                           "-all", "--", sys.executable, "-c", script], capture_output=True,
+    # --no-new-privs: what allowPrivilegeEscalation: false sets on the container
+    done = subprocess.run([find_tool("setpriv"), "--no-new-privs", "--bounding-set", bounding,
+                           "--inh-caps", "-all", "--", sys.executable, "-c", script], capture_output=True,
                           text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()[-2] + (" runs" if done.stdout.split()[-1] == "True" else "")
