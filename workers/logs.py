@@ -68,8 +68,9 @@ def current() -> dict[str, str]:
 
 
 class ContextFilter(logging.Filter):
-    """Copies the bound ids onto each record (``record.ids``, a dict, and one attribute
-    each); drops access lines of probes unless the access logger is at debug."""
+    """Copies the bound ids onto each record (``record.ids``, a dict; ``record.context``,
+    ``key=value`` words for text lines; and one attribute each); drops access lines of probes
+    unless the access logger is at debug."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "uvicorn.access" and _is_probe(record) \
@@ -77,6 +78,7 @@ class ContextFilter(logging.Filter):
             return False
         ids = current()
         record.ids = ids
+        record.context = " ".join(f"{key}={value}" for key, value in ids.items()) or "-"
         for key, value in ids.items():
             setattr(record, key, value)
         return True
@@ -111,7 +113,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(ids)s %(message)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(context)s] %(message)s"
 
 
 def logging_config(fmt: str, level: str) -> dict[str, Any]:
