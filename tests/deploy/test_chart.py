@@ -366,3 +366,15 @@ def test_every_rewardd_variable_the_chart_sets_is_a_valid_setting(
         assert settings.broker_url and settings.broker_url.startswith("redis://"), name
         if "-worker-" in name:
             assert settings.worker_queue_names == [name.rsplit("-", 1)[1]]
+
+
+def test_no_pool_may_scale_to_zero() -> None:
+    """With no live consumer the API fails a queue's calls after REWARDD_NO_CONSUMER_GRACE_S
+    (10 s), shorter than a pod start: the calls that woke a pool at zero would fail."""
+    with pytest.raises(Exception, match="minReplicas"):
+        render({"autoscaling": {"mode": "keda"},
+                "workers": {"gpu": {"enabled": True, "autoscaling": {"minReplicas": 0,
+                                                                      "maxReplicas": 4}}}})
+    for values_file in CI_VALUES:
+        for doc in of_kind(render(values_of(values_file)), "ScaledObject").values():
+            assert doc["spec"]["minReplicaCount"] >= 1
