@@ -31,17 +31,20 @@ bounded far below that by the models (:mod:`rewardd.advantages.bounds`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
-from typing import Any, Iterator, TypeVar
+import time
+from typing import Annotated, Any, Iterator, TypeVar
 
 import msgpack
 import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from rewardd.service import heavy
 from rewardd.service.gcpause import gc_paused
 from rewardd.advantages.checks import pydantic_errors
 from rewardd.advantages.errors import Loc, RequestInvalid, error
@@ -177,9 +180,11 @@ async def read_model(request: Request, model: type[M]) -> M:
         limit, setting = tenant.max_body_bytes, f"max_body_bytes of tenant {tenant.name!r}"
     body = await read_body(request, limit, setting)
     # decoding and validating a large body takes seconds of CPU (a 10^5-group score: ~10 s
-    # on the loop, /healthz stalled meanwhile): in a worker thread, like the answer's encoding
-    return await asyncio.to_thread(parse_model, body, request.headers.get("content-type", JSON),
-                                   model)
+    # on the loop, /healthz stalled meanwhile): in a worker thread, like the answer's
+    # encoding; a large one in the heavy lane (rewardd.service.heavy)
+    heavy.mark(heavy.heavy_body(len(body)))
+    return await heavy.offload(parse_model, body, request.headers.get("content-type", JSON),
+                               model)
 
 
 def parse_model(body: bytes, content_type: str, model: type[M]) -> M:
@@ -187,9 +192,49 @@ def parse_model(body: bytes, content_type: str, model: type[M]) -> M:
     with gc_paused():
         data = decode(body, content_type)
         try:
+            if heavy.in_lane():
+                return _validate_in_chunks(model, data)
             return model.model_validate(data)
         except ValidationError as exc:
             raise RequestInvalid(pydantic_errors(exc, ("body",))) from None
+
+
+def _validate_in_chunks(model: type[M], data: Any) -> M:
+    """``model.model_validate(data)`` with ``data["groups"]`` validated
+    :data:`~rewardd.service.heavy.VALIDATE_CHUNK_GROUPS` groups at a time, the GIL handed
+    over between chunks: one pydantic call over 60,000 rollouts held the GIL for 0.3-1 s.
+    The same model and the same first error (its loc counts groups from the request's
+    start), since groups are validated one by one and in order either way."""
+    size = heavy.VALIDATE_CHUNK_GROUPS
+    groups = data.get("groups") if isinstance(data, dict) else None
+    if "groups" not in model.model_fields or not isinstance(groups, list) or len(groups) <= size:
+        return model.model_validate(data)
+    head = model.model_validate({**data, "groups": groups[:size]})
+    adapter = _groups_adapter(model)
+    validated = list(getattr(head, "groups"))
+    for start in range(size, len(groups), size):
+        time.sleep(0)  # let a thread waiting for the GIL (the event loop) take it
+        try:
+            validated.extend(adapter.validate_python(groups[start:start + size]))
+        except ValidationError as exc:
+            raise RequestInvalid([_shifted(e, start)
+                                  for e in pydantic_errors(exc, ("body", "groups"))]) from None
+    return head.model_copy(update={"groups": validated})
+
+
+def _shifted(error: dict[str, Any], start: int) -> dict[str, Any]:
+    """An error of a slice of groups from ``start``, its loc counted from group 0."""
+    loc = error["loc"]
+    if len(loc) > 2 and isinstance(loc[2], int):
+        return {**error, "loc": [*loc[:2], loc[2] + start, *loc[3:]]}
+    return error
+
+
+@functools.cache
+def _groups_adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
+    """A validator of a slice of ``model``'s ``groups`` (its annotation, failing fast)."""
+    field = model.model_fields["groups"]
+    return TypeAdapter(Annotated[field.annotation, Field(fail_fast=True)])
 
 
 def _msgpack_default(obj: Any) -> Any:

@@ -4,21 +4,20 @@ The HTTP routes, the CLI and embedding applications all call the functions here,
 scored offline and a batch scored over HTTP give the same bytes.
 
 Every CPU-bound step (validation, planning, the reward table, advantages; the routes do the
-same for decoding and encoding) runs in a worker thread (``asyncio.to_thread``), never on the
-event loop, which only awaits workers: otherwise a 10^5-group batch held /healthz, /readyz and
-every other tenant's request for 10-20 s. The threads still share the GIL, which Python code
-hands over every 5 ms (``sys.getswitchinterval``), so a probe waits for at most a few
-switch intervals, except behind one long C call (orjson encoding a 650 MB answer: ~1 s).
-The default thread pool bounds them (min(32, cores + 4) threads); each hop costs ~50 us.
+same for decoding and encoding) runs in a worker thread (:func:`rewardd.service.heavy.offload`),
+never on the event loop, which only awaits workers: otherwise a 10^5-group batch held
+/healthz, /readyz and every other tenant's request for 10-20 s. A usual request's steps run
+in the default thread pool (min(32, cores + 4) threads; each hop costs ~50 us); a large
+one's run in the API process's one heavy lane, which bounds how much of the process (and its
+GIL) big requests take at once (:mod:`rewardd.service.heavy` says why and what it measured).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from rewardd.service import metrics
+from rewardd.service import heavy, metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
                             ScoreRequest)
@@ -108,8 +107,11 @@ async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
     in the metrics as its call settles: a batch cancelled midway (a job cancelled, a client
     gone) still counts the checks and the judge calls that were made, and paid for."""
     recorded: set[int] = set()
+    keep = heavy.keep_out_of_collections if heavy.is_heavy() else None
 
     def settled(index: int, result: CallResult) -> None:
+        if keep is not None:
+            keep()
         if index not in recorded:
             recorded.add(index)
             _record(calls[index], result)
@@ -138,10 +140,10 @@ async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: 
                         batch: BatchContext | None = None) -> list[Column]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
     component) as their groups finish; ``on_group`` hears of each finished group."""
-    calls = await asyncio.to_thread(plan, flat, specs, settings, batch)  # O(rollouts)
+    calls = await heavy.offload(plan, flat, specs, settings, batch)  # O(rollouts)
     hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
     results = await run_calls(calls, executor, progress, hook)
-    return await asyncio.to_thread(
+    return await heavy.offload(
         lambda: verifier_columns(specs, rollout_major(calls, results, len(specs))))
 
 
@@ -197,18 +199,20 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
                                progress: ProgressCallback | None,
                                runs: RunStore | None,
                                on_group: GroupCallback | None = None) -> dict[str, Any]:
-    flat = await asyncio.to_thread(validated, req, settings)
-    columns = await run_verifiers(flat, req.rewards, executor, settings, progress, on_group,
-                                  BatchContext.of(req))
+    with heavy.scope():  # a job's or a gRPC call's own; a route's is already open
+        heavy.mark(heavy.heavy_rollouts(sum(len(group.rollouts) for group in req.groups)))
+        flat = await heavy.offload(validated, req, settings)
+        columns = await run_verifiers(flat, req.rewards, executor, settings, progress,
+                                      on_group, BatchContext.of(req))
 
-    def finish() -> dict[str, Any]:
-        with gc_paused():
-            columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
-            return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
-                           spec, runs)
+        def finish() -> dict[str, Any]:
+            with gc_paused():
+                columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
+                return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
+                               spec, runs)
 
-    # the advantage step is CPU-bound: off the event loop, so other requests keep flowing
-    return await asyncio.to_thread(finish)
+        # the advantage step is CPU-bound: off the event loop, so other requests keep flowing
+        return await heavy.offload(finish)
 
 
 def advantages(req: AdvantagesRequest, runs: RunStore | None = None) -> dict[str, Any]:

@@ -656,6 +656,9 @@ def main() -> None:
     parser.add_argument("--without", action="append", default=[], metavar="TEXT",
                         help="leave out the probes whose name contains TEXT (repeatable), "
                              "to tell which probe a cost comes from")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="add to both servers' environment (repeatable): to compare "
+                             "settings in one sitting")
     parser.add_argument("--quick", action="store_true",
                         help="8 trainers, 80 requests, 2 passes, a 60 s soak at most")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
@@ -681,6 +684,7 @@ def main() -> None:
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         env = tenants_env(Path(tmp))
+        env.update(item.split("=", 1) for item in args.server_env)
         try:
             for config in (Config("embedded", []),
                            Config("distributed", split, args.db)):
