@@ -303,6 +303,12 @@ def test_secrets_reach_the_right_pods() -> None:
     assert env["REWARDD_API_KEYS_FILE"]["value"] == "/etc/rewardd/api-keys/api-keys.json"
     assert env["REWARDD_BROKER_URL"]["value"] == "$(RD_REDIS_BASE_URL)/2"
     assert env["REWARDD_STATE_URL"]["value"] == "$(RD_REDIS_BASE_URL)/3"
+    token_ref = {"secretKeyRef": {"name": f"{RELEASE}-rewardd-metrics-token", "key": "token"}}
+    assert env["REWARDD_METRICS_TOKEN"]["valueFrom"] == token_ref
+    assert secrets[f"{RELEASE}-rewardd-metrics-token"]["stringData"]["token"] == "scrape-me"
+    scrape = yaml.safe_load(of_kind(docs, "ConfigMap")[f"{RELEASE}-rewardd-prometheus-scrape"]
+                            ["data"]["scrape.yml"])
+    assert scrape[0]["authorization"]["credentials_file"].endswith("/token")
     judge_ref = [{"secretRef": {"name": f"{RELEASE}-rewardd-judge-keys"}}]
     assert next(containers(deployments[f"{RELEASE}-rewardd-worker-cpu"]))["envFrom"] == judge_ref
     assert next(containers(deployments[f"{RELEASE}-rewardd-worker-gpu"]))["envFrom"] == judge_ref

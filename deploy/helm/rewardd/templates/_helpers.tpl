@@ -118,6 +118,15 @@ Kubernetes' $(VAR) expansion.
 {{- end }}
 {{- end -}}
 
+{{/* the Secret holding the /metrics token, or empty */}}
+{{- define "rewardd.metricsTokenSecret" -}}
+{{- if .Values.metrics.token.existingSecret -}}
+{{- .Values.metrics.token.existingSecret -}}
+{{- else if .Values.metrics.token.value -}}
+{{- printf "%s-metrics-token" (include "rewardd.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* restricted container securityContext (non-root, no capabilities, read-only root) */}}
 {{- define "rewardd.restrictedContainer" -}}
 allowPrivilegeEscalation: false
