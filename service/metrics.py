@@ -275,8 +275,10 @@ class ScrapeCollector:
         jobs = self._jobs()
         if _job_counter is not None:
             up["jobs"] = jobs is not None
+            jobs = jobs if jobs is not None else {}  # the store failed: every state reads 0
         if jobs is not None:
-            family = GaugeMetricFamily("rewardd_jobs", "Jobs by state.", labels=["state"])
+            family = GaugeMetricFamily("rewardd_jobs", "Jobs by state (shared store: read "
+                                       "with max by (state)).", labels=["state"])
             for state in [*JOB_STATES, *sorted(set(jobs) - set(JOB_STATES))]:
                 family.add_metric([state], jobs.get(state, 0))
             yield family

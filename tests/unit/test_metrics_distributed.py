@@ -95,13 +95,16 @@ def test_jobs_gauge_reads_the_registered_counter_at_each_scrape() -> None:
     assert "rewardd_jobs" not in names(parse(metrics.render(None)[0]))
 
 
-def test_a_failing_job_counter_drops_only_its_gauge() -> None:
+def test_a_failing_job_counter_reads_zero_and_says_so() -> None:
+    """Issue 21: the series stays (an alert on it keeps working), the source says it failed."""
     def broken() -> dict[str, int]:
         raise ConnectionError("redis down")
 
     metrics.register_job_counter(broken)
     samples = parse(metrics.render(None, FakeCeleryLike({"cpu": 2}, {"cpu": 1}))[0])
-    assert "rewardd_jobs" not in names(samples)
+    assert {dict(labels)["state"]: value for (name, labels), value in samples.items()
+            if name == "rewardd_jobs"} == dict.fromkeys(metrics.JOB_STATES, 0.0)
+    assert samples[("rewardd_metrics_source_up", frozenset({("source", "jobs")}))] == 0
     assert samples[("rewardd_queue_depth", frozenset({("queue", "cpu")}))] == 2
 
 
