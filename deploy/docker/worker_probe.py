@@ -18,19 +18,28 @@ worker because Redis blinked would turn a broker outage into a fleet-wide restar
 /readyz and the alert rules report the outage instead.
 
 Exit codes: 0 alive (or Redis unreachable), 1 no recent heartbeat from this host.
+
+It imports redis and the standard library only, not rewardd: importing ``rewardd.workers``
+loads every verifier and torch (about 4 s of CPU on a busy node, every probe period, in every
+pod). So it reads its two settings from the environment itself and names the zset itself;
+tests/deploy/test_images.py holds both to rewardd's own (``WORKERS_KEY``, the default of
+``worker_lost_after_s``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import time
 
 import redis
 
-from rewardd.workers.liveness import WORKERS_KEY
-from rewardd.workers.settings import WorkerSettings
+WORKERS_KEY = "rewardd-workers"
+"""rewardd.workers.liveness.WORKERS_KEY"""
+LOST_AFTER_S = 6.0
+"""Default of REWARDD_WORKER_LOST_AFTER_S (rewardd.workers.settings)."""
 
 
 def newest_beat(client: redis.Redis, host: str) -> float | None:
@@ -42,18 +51,19 @@ def newest_beat(client: redis.Redis, host: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = WorkerSettings()
+    broker_url = os.environ.get("REWARDD_BROKER_URL")
+    lost_after_s = float(os.environ.get("REWARDD_WORKER_LOST_AFTER_S") or LOST_AFTER_S)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-age", type=float, default=settings.worker_lost_after_s,
+    parser.add_argument("--max-age", type=float, default=lost_after_s,
                         help="seconds since this host's last heartbeat (default: "
                              "REWARDD_WORKER_LOST_AFTER_S)")
     parser.add_argument("--host", default=socket.gethostname(),
                         help="worker host name (default: this pod's hostname)")
     args = parser.parse_args(argv)
-    if not settings.broker_url:
+    if not broker_url:
         print("rewardd-worker-probe: REWARDD_BROKER_URL is not set", file=sys.stderr)
         return 1
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=2.0,
+    client = redis.Redis.from_url(broker_url, socket_timeout=2.0,
                                   socket_connect_timeout=2.0)
     try:
         beat = newest_beat(client, args.host)

@@ -204,6 +204,21 @@ def run_probe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
                           text=True, timeout=30, cwd=REPO)
 
 
+def test_worker_probe_names_what_rewardd_names() -> None:
+    """The probe imports no rewardd (a probe must be cheap): its copies must not drift."""
+    import importlib.util
+
+    from rewardd.workers.liveness import WORKERS_KEY
+    from rewardd.workers.settings import WorkerSettings
+
+    spec = importlib.util.spec_from_file_location("worker_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.WORKERS_KEY == WORKERS_KEY
+    assert probe.LOST_AFTER_S == WorkerSettings.model_fields["worker_lost_after_s"].default
+    assert "import rewardd" not in PROBE.read_text() and "from rewardd" not in PROBE.read_text()
+
+
 def test_worker_probe_follows_a_real_workers_heartbeat() -> None:
     from tests.integration.conftest import WorkerFleet
     from tests.support.server import child_env
