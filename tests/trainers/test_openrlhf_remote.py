@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from tests.support.server import running_server
-from tests.support.tiny_models import build_tiny_lm
 from tests.trainers.conftest import SCRIPTS, run_script, trainer_python
+from tests.trainers.test_openrlhf import CHAT_1, CHAT_2, tokenizer_dir  # noqa: F401 (fixture)
 
 CALLER = """
 import asyncio, json, sys
@@ -56,19 +56,12 @@ cases = json.load(open(cases_path, encoding="utf-8"))
 json.dump(asyncio.run(run(url, tokenizer_dir, cases)), open(out_path, "w", encoding="utf-8"))
 """
 
-CHAT_1 = "<|user|>\nWhat is two plus two?</s>\n<|assistant|>\n"
-CHAT_2 = "<|user|>\nSolve for x: 3x + 5 = 20</s>\n<|assistant|>\n"
 CASES = [
     {"prompt": CHAT_1, "label": "4", "response": "Two plus two is \\boxed{4}."},
     {"prompt": CHAT_1, "label": "4", "response": "It is \\boxed{5}."},
     {"prompt": CHAT_2, "label": "5", "response": "3x = 15, so x = \\boxed{5}"},
     {"prompt": CHAT_2, "label": "5", "response": "x = \\boxed{3}"},
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return build_tiny_lm(tmp_path_factory.mktemp("tiny-lm"))
 
 
 def call_openrlhf(url: str, cases: list[dict], tokenizer_dir: Path, tmp_path: Path) -> list:
