@@ -24,7 +24,7 @@ import logging.config
 from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping
 
-IDS = ("request_id", "job_id", "task_id", "tenant", "queue", "verifier")
+IDS = ("request_id", "job_id", "flow_id", "task_id", "tenant", "queue", "verifier")
 """Context fields a record carries (when bound)."""
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -113,6 +113,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+FLOW_HEADER = "rewardd_flow"
+TENANT_HEADER = "rewardd_tenant"
+"""Celery message headers a worker binds as ``flow_id`` and ``tenant`` around a task: the
+API's fair-queue flow (a request's or a job's id) and its tenant, when the publisher sets
+them (``apply_async(headers={FLOW_HEADER: flow.id, TENANT_HEADER: flow.tenant})``); Celery
+exposes message headers as attributes of ``task.request``."""
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(context)s] %(message)s"
 
 
@@ -157,10 +164,14 @@ def configure_worker(fmt: str, level: str) -> None:
     tokens: dict[str, contextvars.Token] = {}
 
     def prerun(task_id: str = "", task: Any = None, args: Any = None, **_: Any) -> None:
-        info = getattr(getattr(task, "request", None), "delivery_info", None) or {}
+        request = getattr(task, "request", None)
+        info = getattr(request, "delivery_info", None) or {}
         verifier = args[0] if args and isinstance(args[0], str) else None
+        # what the publisher put in the message's headers (FLOW_HEADER, TENANT_HEADER)
         tokens[task_id] = bind(task_id=task_id, queue=info.get("routing_key"),
-                               verifier=verifier)
+                               verifier=verifier,
+                               flow_id=getattr(request, FLOW_HEADER, None),
+                               tenant=getattr(request, TENANT_HEADER, None))
 
     def postrun(task_id: str = "", **_: Any) -> None:
         token = tokens.pop(task_id, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,7 +17,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.observed_stack import Stack, observed_stack
+from rewardd.service.settings import Settings
+from rewardd.workers import logs
+from rewardd.workers.celery_app import PING_TASK, create_celery
+from tests.support.observed_stack import BROKER_URL, Stack, observed_stack
 from tests.support.server import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -58,6 +62,16 @@ def family(name: str) -> str:
     return name
 
 
+FLOW = f"flow-{uuid.uuid4().hex[:8]}"
+
+
+def publish_ping_with_flow_headers() -> None:
+    """A task published as a publisher that sets the flow headers would (workers.logs)."""
+    app = create_celery(Settings(broker_url=BROKER_URL, result_ttl_s=300))
+    app.tasks[PING_TASK].apply_async(queue="cpu", expires=60, headers={
+        logs.FLOW_HEADER: FLOW, logs.TENANT_HEADER: "alpha"})
+
+
 @pytest.fixture(scope="module")
 def traffic() -> Iterator[tuple[Stack, dict[str, list[Any]], dict[str, list[Any]]]]:
     """The stack after: a math batch (alpha), a code sample (beta), a rubric with a model
@@ -81,6 +95,7 @@ def traffic() -> Iterator[tuple[Stack, dict[str, list[Any]], dict[str, list[Any]
             assert resp.status_code == 401
             for probe in ("/healthz", "/readyz"):
                 assert http.get(probe).status_code == 200
+        publish_ping_with_flow_headers()
         yield stack, samples(stack.scrape_api()), samples(stack.scrape_worker())
 
 
@@ -142,8 +157,16 @@ def test_json_log_lines_carry_ids_and_probes_stay_out(traffic: Any) -> None:
     assert len(code) == 1 and code[0]["tenant"] == "beta" and len(code[0]["request_id"]) == 32
     assert not [line for line in access if line["path"] in ("/healthz", "/readyz", "/metrics")]
     done = [line for line in stack.log_lines("worker")
-            if line["logger"] == "celery.app.trace" and "succeeded" in line["message"]]
+            if line["logger"] == "celery.app.trace" and "succeeded" in line["message"]
+            and line["message"].startswith("Task rewardd.verify_groups[")]
     assert done and all(line["task_id"] in line["message"] and line["queue"] in
                         ("cpu", "sandbox") and line["verifier"] for line in done)
     assert {line["verifier"] for line in done} >= {"math", "code", "rubric"}
+    deadline = time.monotonic() + 30
+    while not [line for line in stack.log_lines("worker") if line.get("flow_id") == FLOW]:
+        assert time.monotonic() < deadline, "the ping with flow headers never ran"
+        time.sleep(0.2)
+    (ping,) = [line for line in stack.log_lines("worker")
+               if line.get("flow_id") == FLOW and "succeeded" in line["message"]]
+    assert ping["tenant"] == "alpha" and ping["task_id"] in ping["message"]
     assert all(set(line) >= {"ts", "level", "logger", "message"} for line in api)
