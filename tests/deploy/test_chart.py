@@ -10,14 +10,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import helm_python
 import pytest
 import yaml
 
 from rewardd.workers.celery_app import longest_task_s, max_samples_per_task
 from rewardd.workers.routing import QUEUES
 from rewardd.workers.settings import WorkerSettings
-from tests.deploy.chart import (CHART, CI_VALUES, RELEASE, containers, of_kind, render,
+from tests.deploy.chart import (CHART, CI_VALUES, RELEASE, containers, lint, of_kind, render,
                                 render_text, sandbox_deployment, values_of)
 from tests.deploy.conftest import find_tool
 
@@ -36,8 +35,8 @@ def ci_id(path: Path) -> str:
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=ci_id)
 def test_helm_lint_strict_passes_with_each_ci_values_file(values_file: Path) -> None:
     for version in KUBERNETES_VERSIONS:
-        report = helm_python.lint(CHART, values_of(values_file), strict=True,
-                                  kube_version=f"v{version}", namespace="ml")
+        report = lint(values_of(values_file), strict=True, kube_version=f"v{version}",
+                      namespace="ml")
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert report["errors"] == [] and problems == [], (version, report)
 
@@ -45,8 +44,7 @@ def test_helm_lint_strict_passes_with_each_ci_values_file(values_file: Path) -> 
 def test_lint_reports_values_the_schema_refuses() -> None:
     """The linter has teeth. (Helm's lint mode only logs a template's `fail`; the test of
     rendering below covers those.)"""
-    report = helm_python.lint(CHART, {"workers": {"sandbox": {"isolation": "partial"}}},
-                              strict=True)
+    report = lint({"workers": {"sandbox": {"isolation": "partial"}}}, strict=True)
     assert any("isolation" in str(m) and m["severity"] == 3 for m in report["messages"]), report
 
 
