@@ -79,7 +79,7 @@ async def add_rollouts(session_id: str, request: Request,
     """Rollouts in the /v1/score `groups` shape (partial groups; prompt and reference on a
     group's first sight); their checks start now. Resent rollouts are not scored twice."""
     manager = _manager(request)
-    await manager.status(tenant, session_id)  # 404 before reading a body
+    await manager.owned(tenant, session_id)  # 404 before reading a body
     req = await read_model(request, SessionRollouts)
     return render(request, await manager.add(tenant, session_id, req))
 
@@ -165,7 +165,7 @@ async def session_events(session_id: str, request: Request,
                              description="Resume after this event id.")) -> StreamingResponse:
     """Each group's object as it completes; resumable with `Last-Event-ID`."""
     manager = _manager(request)
-    await manager.status(tenant, session_id)  # 404 now, not inside the stream
+    await manager.owned(tenant, session_id)  # 404 now, not inside the stream
     after = await resume_after(manager, session_id, last_event_id)
 
     async def stream() -> AsyncIterator[bytes]:

@@ -243,6 +243,10 @@ class SessionManager:
                 return None
             await self._wait_change(session_id, min(left, POLL_S))
 
+    async def owned(self, tenant: Tenant | str, session_id: str) -> None:
+        """Nothing if ``tenant`` has this session; else 404."""
+        await self._own(_name(tenant), session_id)
+
     async def known_group(self, session_id: str, group_id: str) -> bool:
         return bool(await self.store.groups(session_id, [group_id]))
 
@@ -264,7 +268,8 @@ class SessionManager:
             ended = await self._ended_payload(session_id)
             if ended is not None:
                 return ended
-            await self._finish_closing(session_id)
+            if await self._finish_closing(session_id):
+                continue
             await self._wait_change(session_id, POLL_S)
 
     async def cancel(self, tenant: Tenant | str, session_id: str) -> dict[str, Any]:
@@ -490,11 +495,12 @@ class SessionManager:
         return launch, []
 
     async def _complete(self, sid: str, spec: SessionSpec, doc: dict[str, Any]) -> list[bytes]:
-        doc["state"] = "done"
+        event = await asyncio.to_thread(group_event, spec, doc, group_local(spec.advantage))
         if spec.group_timeout_s is not None:
             await self.store.set_deadline(sid, doc["group_id"], None)
-        doc["event"] = await asyncio.to_thread(group_event, spec, doc,
-                                               group_local(spec.advantage))
+        # state and event together, with no await between: the memory store's readers see
+        # the live document
+        doc["state"], doc["event"] = "done", event
         record = await self.store.record(sid)
         if record is None or record["state"] in ENDED:
             return []
@@ -539,19 +545,20 @@ class SessionManager:
         return {"session_id": sid, "state": record["state"], "error": record.get("error"),
                 "summary": None, "result": None}
 
-    async def _finish_closing(self, sid: str) -> None:
+    async def _finish_closing(self, sid: str) -> bool:
         """Close every open group of a closing session; once all are done, compute the
-        batch and publish ``closed`` (whoever gets the lock first; the others see it)."""
+        batch and publish ``closed`` (whoever gets the lock first; the others see it).
+        True once the session is closed."""
         record = await self.store.record(sid)
         if record is None or record["state"] != CLOSING:
-            return
+            return record is not None and record["state"] in ENDED
         spec = self._spec(record)
         docs = await self.store.groups(sid)
         for gid, doc in docs.items():
             if doc["state"] == "open":
                 await self._close_group(sid, spec, gid, "closed")
         if any(doc["state"] != "done" for doc in (await self.store.groups(sid)).values()):
-            return
+            return False
         runs = self.state.runs.for_tenant(record["tenant"])
 
         async def finish(rec: dict[str, Any]) -> tuple[bool, bool, list[bytes]]:
@@ -569,6 +576,7 @@ class SessionManager:
         if await self.store.update_record(sid, finish):
             await self.store.finish(sid, record["tenant"])
             self._notify(sid)
+        return True
 
     async def _end(self, sid: str, state: str, reason: str | None) -> None:
         async def end(rec: dict[str, Any]) -> tuple[bool, bool, list[bytes]]:

@@ -176,10 +176,13 @@ class MemoryStore(SessionStore):
         self._events[sid].extend(events)
 
     async def groups(self, sid: str, ids: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        # the stored documents themselves, not copies (a copy of every group per request
+        # was most of a streaming session's CPU): callers read them, and change them only
+        # inside update_group, under the session's lock
         table = self._groups.get(sid, {})
-        # copies: a caller's change is stored only through update_group
-        return {gid: orjson.loads(orjson.dumps(doc)) for gid, doc in table.items()
-                if ids is None or gid in ids}
+        if ids is None:
+            return dict(table)
+        return {gid: table[gid] for gid in ids if gid in table}
 
     async def events(self, sid: str, after: int = 0) -> list[Event]:
         return [decode_event(seq, raw) for seq, raw in

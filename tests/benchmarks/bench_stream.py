@@ -1,0 +1,198 @@
+"""Benchmark: streaming sessions against one batch call after the last rollout (issue #18).
+
+    .venv/bin/python tests/benchmarks/bench_stream.py [--pool-size 8] [--seed 0] [--json out.json]
+
+A simulated generator emits 512 rollouts in 32 groups of 16 over 10 s: each rollout's finish
+time is drawn from a lognormal (sigma 1, the long tail of generation lengths), scaled so the
+last one finishes at 10 s. Each check costs ~20 ms (``test_delay``, tests/plugins/stream.py,
+loaded into a real ``rewardd serve --pool-size N``), rewards 0/1, grpo advantages (dense).
+
+* streaming: ``POST /v1/sessions``, then the rollouts are posted as they finish (``POST
+  /v1/sessions/{id}/rollouts``; up to 4 posts in flight, each with every rollout finished and
+  not yet sent: a lone rollout when they trickle in, a few in the early burst) while ``GET
+  /v1/sessions/{id}/events`` is read; after the last one, ``POST /v1/sessions/{id}/close``.
+* batch: the same finish times, then one ``POST /v1/score`` with all 512 after the last.
+
+Reported: the reward phase, from the last rollout's finish to the last group's advantages
+(streaming: its ``group`` event; also the close's answer, which carries batch-level
+estimators), against the batch call's duration; and the delay from each group's last rollout
+to its ``group`` event (p50, p99), both from the moment the generator finished the rollout. Targets: the streaming reward phase under 10% of the
+batch's; p99 group delay under 100 ms plus one verification (20 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.support.server import running_server  # noqa: E402
+
+GROUPS, SIZE, SPAN_S, CHECK_S = 32, 16, 10.0, 0.02
+SENDERS = 4
+"""Posts in flight at once; each takes every rollout that finished since the last one."""
+REWARDS = [{"name": "r", "verifier": "test_delay", "params": {"seconds": CHECK_S}}]
+ADVANTAGE = {"estimator": "grpo", "output": "dense"}
+
+
+def generate(seed: int) -> list[tuple[float, str, dict[str, Any]]]:
+    """(finish time in s, group id, rollout) for every rollout, by finish time."""
+    rng = np.random.default_rng(seed)
+    times = rng.lognormal(mean=0.0, sigma=1.0, size=GROUPS * SIZE)
+    times = times / times.max() * SPAN_S
+    out = []
+    for k, t in enumerate(times):
+        g, i = divmod(k, SIZE)
+        out.append((float(t), f"q{g}", {"rollout_id": f"q{g}#{i}",
+                                        "completion": str(int(rng.integers(0, 2))),
+                                        "num_tokens": int(rng.integers(64, 512))}))
+    return sorted(out, key=lambda x: x[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+async def read_stream(http: httpx.AsyncClient, sid: str, seen: dict[str, float],
+                      closed: asyncio.Event) -> None:
+    async with http.stream("GET", f"/v1/sessions/{sid}/events") as response:
+        kind = ""
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "group":
+                seen[json.loads(line[6:])["group_id"]] = time.perf_counter()
+            elif line.startswith("data: ") and kind == "closed":
+                closed.set()
+                return
+
+
+async def streaming(url: str, plan: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=120,
+                                 limits=httpx.Limits(max_connections=64)) as http:
+        sid = (await http.post("/v1/sessions", json={
+            "rewards": REWARDS, "advantage": ADVANTAGE, "group_size": SIZE})).json()["session_id"]
+        events: dict[str, float] = {}
+        closed = asyncio.Event()
+        reader = asyncio.create_task(read_stream(http, sid, events, closed))
+        await asyncio.sleep(0.2)
+        last_sent: dict[str, float] = {}
+        posts: list[float] = []
+        finished: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        start = time.perf_counter()
+
+        async def generator() -> None:
+            for at, gid, rollout in plan:
+                await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+                last_sent[gid] = time.perf_counter()  # plan is by finish time
+                finished.put_nowait((gid, rollout))
+            for _ in range(SENDERS):
+                finished.put_nowait(None)
+
+        async def sender() -> None:
+            while True:
+                first = await finished.get()
+                if first is None:
+                    return
+                ready = [first]  # everything finished meanwhile goes in the same post
+                while not finished.empty() and finished._queue[0] is not None:  # type: ignore[attr-defined]
+                    ready.append(finished.get_nowait())
+                groups: dict[str, dict[str, Any]] = {}
+                for gid, rollout in ready:
+                    # prompt and reference with every post: concurrent posts of one group
+                    # may reach the server in any order, and the first creates the group
+                    groups.setdefault(gid, {"group_id": gid, "prompt": f"prompt {gid}",
+                                            "reference": {}, "rollouts": []}
+                                      )["rollouts"].append(rollout)
+                sent = time.perf_counter()
+                response = await http.post(f"/v1/sessions/{sid}/rollouts",
+                                           json={"groups": list(groups.values())})
+                assert response.status_code == 200, response.text
+                posts.append(time.perf_counter() - sent)
+
+        await asyncio.gather(generator(), *(sender() for _ in range(SENDERS)))
+        last = max(last_sent.values())
+        reply = await http.post(f"/v1/sessions/{sid}/close")
+        closed_at = time.perf_counter()
+        assert reply.json()["state"] == "closed", reply.text
+        await asyncio.wait_for(closed.wait(), 30)
+        reader.cancel()
+    delays = [events[g] - last_sent[g] for g in last_sent]
+    return {"reward_phase_s": max(events.values()) - last, "close_s": closed_at - last,
+            "group_delay_p50_ms": 1000 * percentile(delays, 50),
+            "group_delay_p99_ms": 1000 * percentile(delays, 99),
+            "group_delay_max_ms": 1000 * max(delays),
+            "post_p50_ms": 1000 * percentile(posts, 50), "post_p99_ms": 1000 * percentile(posts, 99)}
+
+
+async def batch(url: str, plan: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
+    groups: dict[str, dict[str, Any]] = {}
+    for _, gid, rollout in plan:
+        groups.setdefault(gid, {"group_id": gid, "prompt": f"prompt {gid}", "reference": {},
+                                "rollouts": []})["rollouts"].append(rollout)
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        await asyncio.sleep(SPAN_S)  # the generator finishing its last rollout
+        start = time.perf_counter()
+        response = await http.post("/v1/score", json={
+            "groups": list(groups.values()), "rewards": REWARDS, "advantage": ADVANTAGE})
+        assert response.status_code == 200, response.text
+        return {"reward_phase_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pool-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--url", help="a running server (with --plugins tests.plugins.stream) "
+                        "instead of starting one")
+    args = parser.parse_args()
+    plan = generate(args.seed)
+    with (contextlib.nullcontext(args.url) if args.url else running_server(
+            "--pool-size", str(args.pool_size), "--plugins", "tests.plugins.stream")) as url:
+        asyncio.run(batch(url, plan[:SIZE]))  # warm-up of the pool (not measured)
+        stream = asyncio.run(streaming(url, plan))
+        whole = asyncio.run(batch(url, plan))
+    ratio = stream["reward_phase_s"] / whole["reward_phase_s"]
+    target_ms = 100 + 1000 * CHECK_S
+    rows = [
+        ("reward phase after the last rollout, streaming (last group event)",
+         f"{stream['reward_phase_s'] * 1000:.0f} ms"),
+        ("reward phase after the last rollout, streaming (close answered)",
+         f"{stream['close_s'] * 1000:.0f} ms"),
+        ("reward phase after the last rollout, one /v1/score batch",
+         f"{whole['reward_phase_s'] * 1000:.0f} ms"),
+        ("streaming / batch (target < 10%)", f"{100 * ratio:.1f}%"),
+        ("group delay p50 (last rollout -> group event)",
+         f"{stream['group_delay_p50_ms']:.0f} ms"),
+        (f"group delay p99 (target < {target_ms:.0f} ms)",
+         f"{stream['group_delay_p99_ms']:.0f} ms"),
+        ("group delay max", f"{stream['group_delay_max_ms']:.0f} ms"),
+        ("POST .../rollouts answered, p50 / p99",
+         f"{stream['post_p50_ms']:.0f} / {stream['post_p99_ms']:.0f} ms"),
+    ]
+    print(f"512 rollouts, {GROUPS} groups of {SIZE}, lognormal finish times over {SPAN_S:g} s, "
+          f"{CHECK_S * 1000:.0f} ms per check, embedded pool of {args.pool_size}\n")
+    print("| measure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    ok = ratio < 0.10 and stream["group_delay_p99_ms"] < target_ms
+    print(f"\ntargets {'met' if ok else 'MISSED'}")
+    if args.json:
+        args.json.write_text(json.dumps({"streaming": stream, "batch": whole,
+                                         "ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
