@@ -381,7 +381,7 @@ def metric(samples: dict, name: str, **labels: str) -> float:
 
 
 def test_metrics_count_what_happened(server: str) -> None:
-    score_200 = {"route": "/v1/score", "method": "POST", "status": "200"}
+    score_200 = {"route": "/v1/score", "method": "POST", "status": "200", "tenant": "default"}
     before = scrape(server)
     with RewarddClient(server) as client:
         client.score(example("math_batch.json"))
@@ -419,7 +419,7 @@ def test_metrics_count_what_happened(server: str) -> None:
     assert delta(middle, after, "rewardd_rollouts_scored_total") == 1
     assert delta(middle, after, "rewardd_http_requests_total", **score_200) == 1
     assert delta(middle, after, "rewardd_http_requests_total",
-                 route="/v1/score", method="POST", status="422") == 1
+                 route="/v1/score", method="POST", status="422", tenant="default") == 1
     # the lone timed-out rollout is excluded: zero_advantage_fraction 1.0
     assert delta(middle, after, "rewardd_batch_zero_advantage_fraction_bucket", le="0.9") == 0
     assert delta(middle, after, "rewardd_batch_zero_advantage_fraction_bucket", le="1.0") == 1
