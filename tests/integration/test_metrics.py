@@ -92,9 +92,10 @@ def test_worker_gauge_comes_from_the_census(client: TestClient) -> None:
     deadline = time.monotonic() + 30
     while True:  # the census runs in the background; a scrape only starts one
         samples = scrape(client)
-        if get(samples, "rewardd_workers", queue="cpu") is not None:
+        # present (0) from the first scrape; the census's own source says when it answered
+        if get(samples, "rewardd_metrics_source_up", source="census") == 1:
             break
-        assert time.monotonic() < deadline, "no rewardd_workers within 30 s"
+        assert time.monotonic() < deadline, "no worker census within 30 s"
         time.sleep(0.2)
     assert get(samples, "rewardd_workers", queue=PROBE) == 1  # a queue no route names
     assert (get(samples, "rewardd_workers", queue="cpu") or 0) >= 1
