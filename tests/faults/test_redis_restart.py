@@ -58,7 +58,9 @@ async def test_a_redis_restart_mid_batch_loses_no_reward(fleet: Any,
         # as the connection broke (gone from the list, not yet recorded as unacked)
         assert sent_again <= 2, sent_again
     else:
-        assert sent_again >= queued, (sent_again, queued)
+        # what was queued is gone with Redis and sent again (less what a slot took from the
+        # queue between the count and the kill: 4 slots)
+        assert sent_again >= queued - 4, (sent_again, queued)
     # the work itself is 6 s on 4 slots; the wait before republishing is
     # REWARDD_WORKER_LOST_AFTER_S (6 s), workers reconnect within seconds
     assert after < GROUPS * SLEEP_S / 2 + 30.0, after
