@@ -7,7 +7,8 @@ group. Built under issue #18; the work is :mod:`rewardd.service.sessions`' (see 
   no longer open.
 * ``POST /v1/sessions/{id}/groups/{group_id}/close``, ``GET
   /v1/sessions/{id}/groups/{group_id}?wait_s=`` (long-poll) -> ``{"group_id", "complete",
-  "group"}``. Group ids may hold ``/`` (the rest of the path is the id).
+  "group"}``. Group ids may hold ``/`` (the rest of the path is the id; one ending in
+  ``/close`` cannot be named in a path).
 * ``GET /v1/sessions/{id}/events``: server-sent events, ``group`` (id = sequence number,
   data = the group object) and a last ``closed`` (data = the close's answer); resumable with
   ``Last-Event-ID`` on any pod, as job streams are.
@@ -23,7 +24,9 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.convertors import Convertor, register_url_convertor
 
+from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
 from rewardd.service.api.jobs import HEARTBEAT_S, resume_after
 from rewardd.service.codec import read_model, render
@@ -32,6 +35,22 @@ from rewardd.service.models import (ErrorResponse, SessionAccepted, SessionClose
                                     SessionSpec, SessionState)
 from rewardd.service.sessions import SessionManager, SessionNotFound
 from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+
+class GroupIdConvertor(Convertor[str]):
+    """A group id in a path: any characters, ``/`` included (ids like ``gsm8k/train/17``),
+    but never ending in ``/close``, so ``GET .../groups/{id}`` and ``POST
+    .../groups/{id}/close`` never both match one path (their Allow header stays exact)."""
+
+    regex = r"(?:(?!/close$).)+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("group_id", GroupIdConvertor())
 
 router = APIRouter(prefix="/v1", tags=["sessions"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -54,6 +73,15 @@ def _manager(request: Request) -> SessionManager:
     return request.app.state.sessions
 
 
+def _require_body(request: Request) -> None:
+    """A request without a body is a 422 naming it (the codec would read nothing as
+    invalid JSON, a 400)."""
+    headers = request.headers
+    if headers.get("content-length", "0").strip() == "0" and "transfer-encoding" not in headers:
+        raise RequestInvalid([error(("body",), "a JSON or msgpack body is required",
+                                    "missing")])
+
+
 @router.post("/sessions", status_code=201, response_model=None, openapi_extra=body(SessionSpec),
              summary="Open a streaming session (one training step)",
              responses={**responses(SessionOpened), **BUSY_RESPONSE,
@@ -63,6 +91,7 @@ def _manager(request: Request) -> SessionManager:
 async def open_session(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
     """Reward components, advantage spec, group size and timeout of the step; rollouts
     follow as they finish."""
+    _require_body(request)
     spec = await read_model(request, SessionSpec)
     sid = await _manager(request).open(tenant, spec)
     response = render(request, {"session_id": sid}, 201)
@@ -80,6 +109,7 @@ async def add_rollouts(session_id: str, request: Request,
     group's first sight); their checks start now. Resent rollouts are not scored twice."""
     manager = _manager(request)
     await manager.owned(tenant, session_id)  # 404 before reading a body
+    _require_body(request)
     req = await read_model(request, SessionRollouts)
     return render(request, await manager.add(tenant, session_id, req))
 
@@ -108,7 +138,7 @@ async def close_session(session_id: str, request: Request,
     return render(request, await _manager(request).close(tenant, session_id))
 
 
-@router.post("/sessions/{session_id}/groups/{group_id:path}/close", response_model=None,
+@router.post("/sessions/{session_id}/groups/{group_id:group_id}/close", response_model=None,
              summary="Complete a group from what arrived", responses=_ok(SessionGroupWait))
 async def close_group(session_id: str, group_id: str, request: Request,
                       tenant: Tenant = Depends(current_tenant)) -> Response:
@@ -117,7 +147,7 @@ async def close_group(session_id: str, group_id: str, request: Request,
                             "group": group})
 
 
-@router.get("/sessions/{session_id}/groups/{group_id:path}", response_model=None,
+@router.get("/sessions/{session_id}/groups/{group_id:group_id}", response_model=None,
             summary="A group's result (long-poll)", responses=_ok(SessionGroupWait))
 async def wait_group(session_id: str, group_id: str, request: Request,
                      tenant: Tenant = Depends(current_tenant),
