@@ -12,8 +12,9 @@ Task discipline, and why:
   reference, params, limit) returning plain data; running it twice stores the same result.
   That is what makes at-least-once delivery safe: every guarantee below may run a call again.
 * **Acks late.** A message is acknowledged after its task finished, not when a worker takes
-  it, so a worker machine that dies mid-call does not lose it: the broker hands the unacked
-  message to another worker once ``visibility_timeout`` has passed.
+  it, so a worker machine that dies mid-call does not lose it: once its heartbeat expires
+  (REWARDD_WORKER_LOST_AFTER_S, :mod:`rewardd.workers.liveness`) a reaper puts the unacked
+  message back on its queue; the broker's own ``visibility_timeout`` is the last resort.
 * **Reject on worker lost, with a budget.** When a worker's child process dies under a task
   (SIGKILL, OOM, a segfault in C code) the message is requeued (``reject_on_worker_lost``),
   and a worker machine that vanished leaves it unacknowledged for the broker to redeliver.

@@ -30,6 +30,11 @@ slot of the queue): tasks beyond it wait in the API process's fair queue
 (:mod:`rewardd.workers.fairness`, one flow per request) and are published as earlier tasks
 settle. The window is per API process: with several API pods the broker holds up to one
 window per pod. A task's deadline still starts when it is published.
+
+Faults: a watchdog coroutine (:meth:`CeleryExecutor._watch_fleet`) looks at the broker and
+the workers' heartbeats every REWARDD_WORKER_HEARTBEAT_S (:mod:`rewardd.workers.liveness`):
+readiness is answered from what it saw, calls of a queue nobody consumes fail fast, a lost
+worker's tasks are requeued, and after a Redis restart what Redis lost is published again.
 """
 
 from __future__ import annotations
@@ -186,6 +191,13 @@ class CeleryExecutor(Executor):
       (:func:`rewardd.workers.celery_app.task_time_limits`): a one-sample call becomes ``timeout``;
     * a worker child that dies under a task gets it redelivered up to
       ``worker_lost_retries`` times; then a one-sample call is ``crashed``;
+    * a whole worker that vanishes (its heartbeat expires) has its tasks requeued within
+      ``worker_lost_after_s`` (:mod:`rewardd.workers.liveness`), not after the visibility
+      timeout, which stays the last resort;
+    * Redis restarted or lost its data: tasks still awaited that are nowhere in Redis are
+      published again under the same id (:meth:`_republish_lost`);
+    * a queue with no live consumer: its calls are ``unavailable`` after
+      ``no_consumer_grace_s`` (:meth:`_fail_unserved`);
     * a call of several samples whose task failed as a whole (time limit, worker lost past
       the budget, a result that would not serialize) is replayed one sample per call;
     * broker or backend down, a call that expired in its queue
