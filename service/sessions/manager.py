@@ -575,6 +575,7 @@ class SessionManager:
 
         if await self.store.update_record(sid, finish):
             await self.store.finish(sid, record["tenant"])
+            self._specs.pop(sid, None)
             self._notify(sid)
         return True
 
@@ -590,6 +591,7 @@ class SessionManager:
         record = await self.store.record(sid)
         if record is not None and await self.store.update_record(sid, end):
             await self.store.finish(sid, record["tenant"])
+            self._specs.pop(sid, None)
             for task in list(self._tasks.get(sid, ())):
                 task.cancel()
             self._notify(sid)
