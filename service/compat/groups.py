@@ -31,8 +31,7 @@ from fastapi import HTTPException
 
 from rewardd.service.compat.config import CompatConfig
 from rewardd.service.compat.samples import SampleIn
-from rewardd.service.compat.scoring import SampleOut, score_group
-from rewardd.service.limits import TenantBusy
+from rewardd.service.compat.scoring import SampleOut, score_group, slot_when_free
 from rewardd.service.tenancy import Tenant
 
 MAX_OPEN_GROUPS = 4096
@@ -113,16 +112,10 @@ class Assembler:
     async def _finish(self, group: OpenGroup, timed_out: bool) -> None:
         """Score the group under a tenant slot (waiting for one when the tenant is at its
         limit: a whole group must be scored, not refused) and answer each waiter."""
-        limiter = self._state.limiter
         try:
-            while True:
-                try:
-                    async with limiter.hold(group.tenant):
-                        outs = await score_group(group.samples, group.config, self._state,
-                                                 group.tenant, timed_out)
-                    break
-                except TenantBusy as busy:
-                    await asyncio.sleep(min(1.0, busy.retry_after_s))
+            async with slot_when_free(self._state.limiter, group.tenant):
+                outs = await score_group(group.samples, group.config, self._state,
+                                         group.tenant, timed_out)
         except Exception as exc:  # the group's error is each of its samples' answer
             outs = [exc] * len(group.waiters)
         for waiter, out in zip(group.waiters, outs):

@@ -1,8 +1,8 @@
 """Scoring per-sample protocol requests: each sample on its own, or with its group.
 
 Without ``group`` in the compat configuration every sample is a one-rollout group of a
-``/v1/rewards`` call (the same validation, executors, metrics and fallback rules; the
-samples of one OpenRLHF batch go in one call). With ``group``, samples wait in
+``/v1/rewards`` call (the same validation, executors, metrics and fallback rules), with the
+other samples of its tenant waiting at that moment (:mod:`.batching`). With ``group``, samples wait in
 :mod:`rewardd.service.compat.groups` until their group is whole and are scored together as
 one ``/v1/score`` group, so group-level verifiers (arenas) see the whole group and the
 answer can carry the sample's group advantage.
@@ -17,8 +17,9 @@ retry on errors).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import HTTPException
 
@@ -26,6 +27,7 @@ from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import pipeline
 from rewardd.service.compat.config import CompatConfig, load_compat_config
 from rewardd.service.compat.samples import SampleIn
+from rewardd.service.limits import Limiter, TenantBusy
 from rewardd.service.models import RewardsRequest, ScoreRequest
 from rewardd.service.tenancy import Tenant
 
@@ -125,7 +127,9 @@ def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
 
 async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: Any
                      ) -> list[SampleOut | Exception]:
-    """Each sample as its own one-rollout group, all in one /v1/rewards call."""
+    """Each sample as its own one-rollout group, all in one /v1/rewards call. A sample whose
+    reference the checks refuse gets its 422 and the others are scored without it (the
+    samples come from several trainer requests: one bad label must not fail the rest)."""
     if not samples:
         return []
     req = RewardsRequest(rewards=config.rewards, groups=[
@@ -135,7 +139,17 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: A
     try:
         body = await pipeline.rewards(req, state.executor, state.settings)
     except RequestInvalid as exc:
-        raise _remap(exc, samples, one_group=False) from None
+        if not all(len(e["loc"]) > 2 and e["loc"][1] == "groups" for e in exc.errors):
+            return [_remap(exc, samples, one_group=False)] * len(samples)  # not one sample's
+        bad = {e["loc"][2] for e in exc.errors}
+        rest = [i for i in range(len(samples)) if i not in bad]
+        outs: list[SampleOut | Exception] = [
+            _remap(RequestInvalid([e for e in exc.errors if e["loc"][2] == i]), samples,
+                   one_group=False) if i in bad else None  # type: ignore[misc]
+            for i in range(len(samples))]
+        for i, out in zip(rest, await score_each([samples[i] for i in rest], config, state)):
+            outs[i] = out
+        return outs
     return [outcome(group["rollouts"][0], sample, 1, False)
             for group, sample in zip(body["groups"], samples)]
 
@@ -164,28 +178,54 @@ async def score_group(samples: Sequence[SampleIn], config: CompatConfig, state: 
             for rollout, sample in zip(body["groups"][0]["rollouts"], samples)]
 
 
-def raise_first(outs: Sequence[SampleOut | Exception]) -> list[SampleOut]:
+def raise_first(outs: Sequence[SampleOut | BaseException]) -> list[SampleOut]:
     """The results, or the first sample's error (a request answers one status)."""
     for out in outs:
-        if isinstance(out, Exception):
+        if isinstance(out, BaseException):
             raise out
     return list(outs)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def slot_when_free(limiter: Limiter, tenant: Tenant) -> AsyncIterator[None]:
+    """A tenant slot for work the server already accepted (a batch of samples, a whole
+    group): waited for when the tenant is at its limit, never refused."""
+    async with contextlib.AsyncExitStack() as stack:
+        while True:
+            try:
+                await stack.enter_async_context(limiter.hold(tenant))
+                break
+            except TenantBusy:
+                await asyncio.sleep(SLOT_POLL_S)
+        yield
+
+
+SLOT_POLL_S = 0.05
+"""How often work waiting for its tenant's slot asks again."""
 
 
 async def score_samples(state: Any, tenant: Tenant, protocol: str,
                         read: Callable[[CompatConfig], Awaitable[list[SampleIn]]]
                         ) -> tuple[list[SampleIn], list[SampleOut]]:
-    """Read a protocol request's samples (``read``, under a tenant slot like /v1/score) and
-    score them: at once, or each when its group is whole (no slot is held while a sample
-    waits for its group: waiting is not work, and samples holding slots would keep the
-    rest of their group out)."""
-    config = compat_config(state)
-    async with state.limiter.hold(tenant):
-        samples = await read(config)
-        if config.group is None:
-            return samples, raise_first(await score_each(samples, config, state))
+    """Read a protocol request's samples and score them: with the other requests' samples
+    waiting at that moment (:mod:`.batching`), or each when its group is whole
+    (:mod:`.groups`).
+
+    Why no tenant slot while reading and waiting, unlike /v1/score: OpenRLHF posts every
+    sample of a step on its own, hundreds at once, and retries a refusal five times a second
+    apart before dropping the sample's reward; a 429 per sample past the tenant's limit
+    would lose rewards, and a sample waiting for its group while holding a slot would keep
+    the rest of its group out. The scoring itself holds the tenant's slots (one per batch or
+    group, waited for), so the tenant's limit on work in flight still holds; what waits is
+    bounded per tenant (:data:`.batching.MAX_PENDING`, :data:`.groups.MAX_OPEN_GROUPS`) and a
+    body by the tenant's max_body_bytes."""
+    from rewardd.service.compat.batching import batcher
     from rewardd.service.compat.groups import assembler
 
+    config = compat_config(state)
+    samples = await read(config)
+    if config.group is None:
+        return samples, raise_first(await batcher(state).submit(tenant, samples))
     outs = await asyncio.gather(*(assembler(state).submit(tenant, protocol, sample, config)
                                   for sample in samples), return_exceptions=True)
     return samples, raise_first(outs)
