@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from rewardd.service.api.bodies import BODY_MODELS as READ_BY_ROUTES
 from rewardd.service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, VerifyRequest
 
 BODY_MODELS = (ScoreRequest, RewardsRequest, AdvantagesRequest, VerifyRequest)
@@ -18,7 +19,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description,
                       routes=app.routes)
-    _, defs = models_json_schema([(m, "validation") for m in BODY_MODELS],
+    models = [*BODY_MODELS, *(READ_BY_ROUTES[name] for name in sorted(READ_BY_ROUTES))]
+    _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)],
                                  ref_template="#/components/schemas/{model}")
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in defs.get("$defs", {}).items():

@@ -25,8 +25,14 @@ def msgpack_content(model: type[BaseModel]) -> dict[str, Any]:
     return {media: {"schema": _ref(model)} for media in (MSGPACK, VND_MSGPACK)}
 
 
+BODY_MODELS: dict[str, type[BaseModel]] = {}
+"""Every model :func:`body` was given: :mod:`rewardd.service.openapi` puts them in the
+document's components, where the routes' ``$ref`` point."""
+
+
 def body(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` for a route whose body is ``model`` in JSON or msgpack."""
+    BODY_MODELS[model.__name__] = model
     return {"requestBody": {"required": True, "content": {
         JSON: {"schema": _ref(model)}, **msgpack_content(model)}}}
 

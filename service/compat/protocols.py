@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from rewardd.advantages.bounds import FreeForm
 from rewardd.advantages.errors import RequestInvalid, error
@@ -33,8 +33,9 @@ from rewardd.service.compat.samples import (SampleIn, completion_of_query, promp
                                             reference_of, responses_output_text)
 from rewardd.service.compat.scoring import SampleOut
 
-Label = str | int | float | dict[str, Any] | None
-"""A dataset label: text (the answer), a number, an object (the reference itself) or null."""
+Label = FreeForm | StrictStr | StrictInt | StrictFloat | None
+"""A dataset label: text (the answer), a number, an object (the reference itself) or null
+(strict: ``true`` is not the number 1)."""
 
 
 # ---- OpenRLHF ------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ class OpenRLHFRequest(BaseModel):
     prompts: list[str] | None = Field(
         None, description="Each sample's prompt (the completion is the query after it). "
         "Absent (OpenRLHF before 0.9): the whole query is scored.")
-    labels: list[FreeForm | str | int | float | None] | None = Field(
+    labels: list[Label] | None = Field(
         None, description="Each sample's label (the dataset's --label_key): the answer, or "
         "an object that is the reference.")
 
@@ -111,7 +112,7 @@ class SlimeRequest(BaseModel):
     prompt: str | list[FreeForm] = Field(description="The prompt: text, or chat messages "
                                          "({role, content}).")
     response: str = Field(description="The completion.")
-    label: FreeForm | str | int | float | None = Field(
+    label: Label = Field(
         None, description="The sample's label: the answer, or an object that is the "
         "reference.")
 
