@@ -70,3 +70,16 @@ def test_the_defaults_are_math_with_a_flagged_fallback_and_no_groups():
     assert config.reference == {"answer": "{label}"} and config.group is None
     assert (config.slime.path, config.slime.reward_key) == ("/slime/reward", "reward")
     assert config.nemo_gym.label_field == "expected_answer"
+
+
+def test_rewardd_serve_refuses_to_start_on_a_bad_config_naming_the_field():
+    import subprocess
+    import sys
+
+    from tests.support.server import REPO_ROOT, child_env
+
+    env = {**child_env(), "REWARDD_COMPAT_CONFIG": '{"group": {"size": -1}}'}
+    proc = subprocess.run([sys.executable, "-m", "rewardd.service.cli", "serve", "--port", "0"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "REWARDD_COMPAT_CONFIG" in proc.stderr and "group.size" in proc.stderr
