@@ -2,10 +2,10 @@
 
 Without ``group`` in the compat configuration every sample is a one-rollout group of a
 ``/v1/rewards`` call (the same validation, executors, metrics and fallback rules), with the
-other samples of its tenant waiting at that moment (:mod:`.batching`). With ``group``, samples wait in
-:mod:`rewardd.service.compat.groups` until their group is whole and are scored together as
-one ``/v1/score`` group, so group-level verifiers (arenas) see the whole group and the
-answer can carry the sample's group advantage.
+other samples of its tenant waiting at that moment (:mod:`.batching`). With ``group``,
+samples wait in :mod:`.groups` until their group is whole and are scored together as one
+``/v1/score`` group, so group-level verifiers (arenas) see the whole group and the answer
+can carry the sample's group advantage.
 
 A per-sample protocol has no way to say "no reward" (OpenRLHF and slime crash on a null,
 NeMo-Gym's ``reward`` is a float). A failed check is therefore either the component's
@@ -115,10 +115,10 @@ def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
                                          "reference: " + "; ".join(
                                              f"{n} ({kinds[n]}): {_reason(status[n])}"
                                              for n in failed))])
-        return HTTPException(503, f"the check failed ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
-                             "and its component has no fallback; retry, or give the component "
-                             "a fallback in REWARDD_COMPAT_CONFIG",
-                             headers={"Retry-After": "1"})
+        failures = ", ".join(f"{n}: {k}" for n, k in kinds.items())
+        return HTTPException(503, f"the check failed ({failures}) and its component has no "
+                             "fallback; retry, or give the component a fallback in "
+                             "REWARDD_COMPAT_CONFIG", headers={"Retry-After": "1"})
     advantage = rollout.get("advantages")
     return SampleOut(reward=rollout["reward"], rewards=rollout["rewards"], status=status,
                      failed=failed, advantage=advantage if isinstance(advantage, float) else None,

@@ -99,3 +99,33 @@ async def test_a_bad_reference_in_a_shared_batch_fails_only_its_own_request():
     assert answers[2].json()["detail"][0]["loc"][:2] == ["body", "label"]
     assert "tset_code" in answers[2].json()["detail"][0]["msg"]
     assert gated.entered == 2  # the first call, then the two good samples together
+
+
+class TimingOutExecutor(GatedExecutor):
+    """Every check is a typed timeout, as a verifier past its limit reports it."""
+
+    async def run(self, calls, progress=None, on_call_done=None):
+        from rewardd.verifiers.base import FailureKind, Outcome
+        from rewardd.workers.executor import CallResult, ItemResult
+
+        self.entered += 1
+        return [CallResult([ItemResult(Outcome.failure(FailureKind.timeout, "ran 30 s"), 30.0)
+                            for _ in call.samples]) for call in calls]
+
+
+async def test_a_failed_check_is_503_without_a_fallback_and_a_flagged_fallback_with_one():
+    no_fallback = gated_app(TimingOutExecutor(),
+                            {"rewards": [{"name": "correct", "verifier": "math"}]})
+    async with client(no_fallback) as http:
+        r = await http.post("/get_reward", headers=ALICE, json={
+            "query": ["\\boxed{1}"], "prompts": [""], "labels": ["1"]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "correct: timeout" in r.json()["detail"]
+    async with client(gated_app(TimingOutExecutor())) as http:  # the default: fallback 0.0
+        nemo = await http.post("/verify", headers=ALICE, json={
+            "responses_create_params": {"input": "q"}, "expected_answer": "1",
+            "response": {"output": []}})
+    assert nemo.status_code == 200
+    assert (nemo.json()["reward"], nemo.json()["mask_sample"]) == (0.0, True)
+    assert nemo.json()["failure_kind"] == "rewardd:timeout"
+    assert nemo.json()["failure_reason"] == "correct: ran 30 s"
