@@ -107,11 +107,8 @@ async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
     in the metrics as its call settles: a batch cancelled midway (a job cancelled, a client
     gone) still counts the checks and the judge calls that were made, and paid for."""
     recorded: set[int] = set()
-    keep = heavy.keep_out_of_collections if heavy.is_heavy() else None
 
     def settled(index: int, result: CallResult) -> None:
-        if keep is not None:
-            keep()
         if index not in recorded:
             recorded.add(index)
             _record(calls[index], result)

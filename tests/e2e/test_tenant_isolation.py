@@ -33,9 +33,10 @@ from tests.support.server import ServerFailed, running_server
 pytestmark = pytest.mark.e2e
 
 GROUPS, GROUP_SIZE = 3_000, 16
-MAX_STALL_SHARE = 0.08
+MAX_STALL_SHARE = 0.06
 """The longest /healthz or small-request answer during the big request, as a share of the
-big request's own duration (measured with the lane: ~1%; without it: 6-25%)."""
+big request's own duration. Measured on the shared 2-core machine at load average 3 to 11:
+2.1-4.9% with the heavy lane (8 runs), 5.2-10.1% without it (4 runs)."""
 HANG_S = 600.0  # bounds against hangs, never measurements
 
 
