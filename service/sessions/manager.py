@@ -12,7 +12,7 @@ A rollout's per-sample components are checked on arrival (one call per arriving 
 group and component, under the session's fair-queue flow); group-level verifiers (arenas)
 run once the group is assembled (``group_size`` rollouts, or closed, or timed out). A group
 is done when it is assembled and every cell is settled; the transition and its ``group``
-event are one write under the session's lock, so an event is never lost nor sent twice.
+event are one write under the group's lock, so an event is never lost nor sent twice.
 
 Pod death (Redis store): each pod beats every :data:`SWEEP_EVERY_S`; a rollout (or a
 group-level call) whose owner stopped beating is claimed, under the lock, by the next pod

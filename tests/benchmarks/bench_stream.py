@@ -129,11 +129,14 @@ async def streaming(url: str, plan: list[tuple[float, str, dict[str, Any]]]) -> 
         await asyncio.wait_for(closed.wait(), 30)
         reader.cancel()
     delays = [events[g] - last_sent[g] for g in last_sent]
+    by_group = {g: {"last_finished_s": last_sent[g] - start, "delay_ms": 1000 * d}
+                for g, d in zip(last_sent, delays)}
     return {"reward_phase_s": max(events.values()) - last, "close_s": closed_at - last,
             "group_delay_p50_ms": 1000 * percentile(delays, 50),
             "group_delay_p99_ms": 1000 * percentile(delays, 99),
             "group_delay_max_ms": 1000 * max(delays),
-            "post_p50_ms": 1000 * percentile(posts, 50), "post_p99_ms": 1000 * percentile(posts, 99)}
+            "post_p50_ms": 1000 * percentile(posts, 50), "post_p99_ms": 1000 * percentile(posts, 99),
+            "groups": by_group}
 
 
 async def batch(url: str, plan: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
