@@ -22,7 +22,6 @@ and a pod that dies takes its open groups with it (the trainers' retries resend 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,14 +119,6 @@ class Assembler:
             outs = [exc] * len(group.waiters)
         for waiter, out in zip(group.waiters, outs):
             _settle(waiter, out)
-
-    async def close(self) -> None:
-        """Cancel open groups' timers and pending scoring (the app is stopping)."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
 
 
 def _settle(waiter: asyncio.Future[SampleOut], out: SampleOut | BaseException) -> None:
