@@ -94,7 +94,7 @@ test-verl: install redis .venv-verl/.installed
 # vllm); slime does not install from PyPI, so its batched call is replayed in the same venv.
 test-openrlhf-slime: install .venv-openrlhf/.installed
 	REWARDD_OPENRLHF_PYTHON=$(CURDIR)/.venv-openrlhf/bin/python $(PY) -m pytest -m trainers \
-	  tests/trainers/test_openrlhf.py tests/trainers/test_slime.py
+	  tests/trainers/test_openrlhf.py tests/trainers/test_slime.py tests/trainers/test_openrlhf_remote.py
 
 .venv-openrlhf/.installed: clients/python/pyproject.toml
 	test -x .venv-openrlhf/bin/python || $(PYTHON) -m venv .venv-openrlhf

@@ -63,7 +63,7 @@ def main() -> None:
 @settings_options("host", "port", "grpc_port", "workers", "pool_size", "verifier_timeout_s",
                   "max_verifier_timeout_s", "max_body_bytes", "plugins", "broker_url",
                   "state_url", "api_keys_file", "tenant_max_concurrent_jobs", "log_level",
-                  "shutdown_grace_s", "log_format")
+                  "shutdown_grace_s", "log_format", "compat_config")
 def serve(**flags: Any) -> None:
     """Run the HTTP API (and gRPC with --grpc-port): verifiers in an embedded process pool (no Redis needed), or on
     `rewardd worker` processes when a broker is set (--broker-url / REWARDD_BROKER_URL)."""
