@@ -180,6 +180,8 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
 	$(PY) tests/benchmarks/bench_grpc.py
+	$(PY) tests/benchmarks/bench_stream.py
+	$(PY) tests/benchmarks/bench_faults.py
 
 # Fault injection with real processes (tests/faults): worker pods SIGKILLed, a private
 # redis-server restarted with and without persistence, Redis unreachable, SIGTERM with work in
