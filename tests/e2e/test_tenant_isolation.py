@@ -36,7 +36,8 @@ GROUPS, GROUP_SIZE = 3_000, 16
 MAX_STALL_SHARE = 0.06
 """The longest /healthz or small-request answer during the big request, as a share of the
 big request's own duration. Measured on the shared 2-core machine at load average 3 to 11:
-2.1-4.9% with the heavy lane (8 runs), 5.2-10.1% without it (4 runs)."""
+0.8-4.0% with the heavy lane as shipped (5 runs), 5.2-10.1% without it (4 runs). The bound
+is generous: it fails on the old code only in its worse runs, and never on the new one."""
 HANG_S = 600.0  # bounds against hangs, never measurements
 
 

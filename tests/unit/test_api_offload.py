@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import sys
 import threading
 from typing import Any
 
@@ -132,3 +134,15 @@ def test_a_usual_request_is_not_heavy_and_freezes_nothing() -> None:
         assert gc.get_freeze_count() == 0
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_lane_runs_below_the_loop_and_the_usual_threads() -> None:
+    async def go() -> tuple[int, int]:
+        with heavy.scope():
+            usual = await heavy.offload(os.getpriority, os.PRIO_PROCESS, 0)
+            heavy.mark()
+            return usual, await heavy.offload(os.getpriority, os.PRIO_PROCESS, 0)
+
+    usual, lane = asyncio.run(go())
+    assert lane == min(19, usual + heavy.LANE_NICE)
