@@ -5,6 +5,11 @@ the embedded pool, and the group context (step, evaluation) crosses the broker."
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +19,9 @@ from rewardd.service.models import ScoreRequest
 from tests.integration.conftest import PLUGINS, make_settings
 from tests.support.judge_server import JudgeServer
 from rewardd.workers.distributed import CeleryExecutor
-from rewardd.workers.embedded import EmbeddedExecutor
 
 SETTINGS = make_settings()
+REPO = Path(__file__).resolve().parents[2]
 RUBRIC = [{"criterion": f"Mentions 'w{i}'", "points": i + 1} for i in range(6)]
 
 
@@ -48,19 +53,50 @@ def details(response: dict[str, Any]) -> list[tuple[Any, ...]]:
             for g in response["groups"] for r in g["rollouts"]]
 
 
-async def test_rubric_on_a_gpu_worker_matches_the_embedded_pool(
-        gpu_worker: Any, judge_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in judge_env.items():
-        monkeypatch.setenv(key, value)  # the embedded pool's processes inherit it
-    celery = CeleryExecutor(SETTINGS)
-    embedded = EmbeddedExecutor(2, (PLUGINS,))  # one forkserver per process: same preload
+EMBEDDED_SCRIPT = """
+import asyncio, json, sys
+from rewardd.service import pipeline
+from rewardd.workers.embedded import EmbeddedExecutor
+from tests.integration.test_judges import SETTINGS, PLUGINS, request, details
+
+async def main():
+    embedded = EmbeddedExecutor(2, (PLUGINS,))
     try:
         assert await embedded.ready(wait_s=120)
-        for step, evaluation in ((1, False), (2, False), (2, True)):
+        out = []
+        for step, evaluation in json.loads(sys.argv[1]):
+            out.append(details(await pipeline.score(request(step, evaluation), embedded, SETTINGS)))
+        print(json.dumps(out))
+    finally:
+        embedded.close()
+
+asyncio.run(main())
+"""
+
+STEPS = ((1, False), (2, False), (2, True))
+
+
+def embedded_details(judge_env: dict[str, str]) -> list[list[Any]]:
+    """The same requests through an embedded pool in a fresh process: pool processes fork
+    from their process's forkserver and inherit its environment, and one started by an
+    earlier test in this process lacks the judge's address."""
+    env = {**os.environ, **judge_env}
+    done = subprocess.run([sys.executable, "-c", EMBEDDED_SCRIPT, json.dumps(STEPS)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def test_rubric_on_a_gpu_worker_matches_the_embedded_pool(
+        gpu_worker: Any, judge_env: dict[str, str]) -> None:
+    local = await asyncio.to_thread(embedded_details, judge_env)
+    celery = CeleryExecutor(SETTINGS)
+    try:
+        for (step, evaluation), local_details in zip(STEPS, local):
             req = request(step, evaluation)
             distributed = await asyncio.wait_for(pipeline.score(req, celery, SETTINGS), 120)
-            local = await pipeline.score(req, embedded, SETTINGS)
-            assert details(distributed) == details(local)
+            as_json = json.loads(json.dumps(details(distributed)))
+            assert as_json == local_details
             assert distributed["summary"]["failed_cells"] == 0
             dropped = {d for _, d in details(distributed)}
             if evaluation:
@@ -70,4 +106,3 @@ async def test_rubric_on_a_gpu_worker_matches_the_embedded_pool(
                 assert len(dropped) == 3  # each group its own subset
     finally:
         celery.close()
-        embedded.close()
