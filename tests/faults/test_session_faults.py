@@ -95,6 +95,7 @@ def test_an_api_pod_killed_mid_session_is_resumed_by_another(
             assert time.monotonic() - killed < 30
             closed = http.post(f"{url_b}/v1/sessions/{sid}/close").json()
             assert closed["state"] == "closed"
+            stream.join()  # the stream ends at `closed`; its events are kept only then
             published = stream.groups()
             assert set(published) == {"a", "b", "c"}
             arrival = {g["group_id"]: [r["rollout_id"] for r in g["rollouts"]]
@@ -108,7 +109,6 @@ def test_an_api_pod_killed_mid_session_is_resumed_by_another(
             assert closed["result"] == expected.json()
             for group in expected.json()["groups"]:
                 assert score_groups(published[group["group_id"]]) == group
-            stream.join()
 
 
 def test_a_worker_killed_mid_session_leaves_every_group_complete(
