@@ -56,6 +56,7 @@ from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
 from rewardd.workers import metrics
+from rewardd.workers.logs import FLOW_HEADER, TENANT_HEADER
 from rewardd.workers.settings import WorkerSettings
 from rewardd.verifiers.base import FailureKind, Outcome
 from rewardd.workers.celery_app import (CENSUS_COMMAND, VERIFY_TASK, CallAbandoned,
@@ -465,8 +466,11 @@ class CeleryExecutor(Executor):
             errors = {entry.task_id: broker_down for entry in part}
         else:
             try:
+                flows = {entry.task_id: entry.ticket.flow for entry in part
+                         if entry.ticket is not None}
                 errors = await loop.run_in_executor(
-                    self._io, self._publish, [(entry.task_id, entry.pack) for entry in part])
+                    self._io, self._publish, [(entry.task_id, entry.pack) for entry in part],
+                    flows)
             except Exception as exc:  # the I/O pool shut down under us (closing)
                 errors = {entry.task_id: exc for entry in part}
             broker_down = next((e for e in errors.values()
@@ -496,7 +500,8 @@ class CeleryExecutor(Executor):
             self._abandon(abandoned)
         return broker_down
 
-    def _publish(self, jobs: list[tuple[str, Pack]]) -> dict[str, Exception]:
+    def _publish(self, jobs: list[tuple[str, Pack]],
+                 flows: dict[str, Flow] | None = None) -> dict[str, Exception]:
         """In an I/O thread: one task per call on one producer connection, sent in Redis
         pipelines of :data:`PIPELINE_SIZE` messages (kombu's publish batches). Returns the
         calls that could not be sent. Once the broker is unreachable (after the publish
@@ -504,8 +509,12 @@ class CeleryExecutor(Executor):
 
         A pipeline that fails is sent again one message at a time, with Celery's publish
         retries: some of its messages may have gone through, and running such a task twice
-        is harmless (tasks are idempotent; the second result overwrites the first)."""
+        is harmless (tasks are idempotent; the second result overwrites the first).
+
+        ``flows`` names each task's request (or job) and tenant: they travel as message
+        headers, so the worker's log lines carry them (:mod:`rewardd.workers.logs`)."""
         errors: dict[str, Exception] = {}
+        flows = flows or {}
         try:
             with self.app.producer_or_acquire() as producer:
                 batch = getattr(producer, "batch", None)  # kombu >= 5.7
@@ -516,11 +525,11 @@ class CeleryExecutor(Executor):
                     try:
                         with (batch(max_size=len(part) + 1) if batch is not None
                               else contextlib.nullcontext()):
-                            down = self._send_each(producer, part, errors, buffered)
+                            down = self._send_each(producer, part, errors, buffered, flows)
                     except Exception as exc:  # the pipeline failed: delivery uncertain
                         log.warning("a publish pipeline failed (%s: %s); sending its %d "
                                     "calls one by one", type(exc).__name__, exc, len(buffered))
-                        down = self._send_each(producer, buffered, errors, [])
+                        down = self._send_each(producer, buffered, errors, [], flows)
                     if down is not None:  # broker down: the rest would fail too
                         errors.update((tid, down) for tid, _ in jobs[start + len(part):])
                         break
@@ -529,8 +538,8 @@ class CeleryExecutor(Executor):
         return errors
 
     def _send_each(self, producer: Any, jobs: list[tuple[str, Pack]],
-                   errors: dict[str, Exception],
-                   sent: list[tuple[str, Pack]]) -> Exception | None:
+                   errors: dict[str, Exception], sent: list[tuple[str, Pack]],
+                   flows: dict[str, Flow]) -> Exception | None:
         """Publish (or, inside a publish batch, buffer) each job; failed calls go to
         ``errors``, the others to ``sent``. Stops at a broker connection error (after
         Celery's publish retries), marks the rest failed and returns that error."""
@@ -545,9 +554,12 @@ class CeleryExecutor(Executor):
             except Exception as exc:  # RecursionError (nested too deep), anything
                 errors[task_id] = _Unsendable(exc)
                 continue
+            flow = flows.get(task_id)
+            headers = ({FLOW_HEADER: flow.id, TENANT_HEADER: flow.tenant}
+                       if flow is not None else None)
             try:
                 self._verify.apply_async(
-                    args=args, task_id=task_id, producer=producer,
+                    args=args, task_id=task_id, producer=producer, headers=headers,
                     queue=self.router.queue_for(call.verifier),
                     soft_time_limit=soft, time_limit=hard,
                     expires=self.settings.queue_timeout_s,

@@ -162,6 +162,10 @@ def test_json_log_lines_carry_ids_and_probes_stay_out(traffic: Any) -> None:
     assert done and all(line["task_id"] in line["message"] and line["queue"] in
                         ("cpu", "sandbox") and line["verifier"] for line in done)
     assert {line["verifier"] for line in done} >= {"math", "code", "rubric"}
+    # the API's own tasks carry their request's flow and tenant to the worker's lines
+    assert {(line["verifier"], line.get("tenant")) for line in done} >= {
+        ("math", "alpha"), ("code", "beta"), ("rubric", "alpha")}
+    assert all(line.get("flow_id") for line in done)
     deadline = time.monotonic() + 30
     while not [line for line in stack.log_lines("worker") if line.get("flow_id") == FLOW]:
         assert time.monotonic() < deadline, "the ping with flow headers never ran"

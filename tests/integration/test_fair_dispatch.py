@@ -62,9 +62,9 @@ def spy(executor: CeleryExecutor) -> list[str]:
     published: list[str] = []
     real = executor._publish
 
-    def publish(jobs: list[tuple[str, Any]]) -> dict[str, Exception]:
+    def publish(jobs: list[tuple[str, Any]], flows: Any = None) -> dict[str, Exception]:
         published.extend(pack.samples[0].completion for _, pack in jobs)
-        return real(jobs)
+        return real(jobs, flows)
 
     executor._publish = publish  # type: ignore[method-assign]
     return published

@@ -311,7 +311,7 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
     single = VerifyCall("judge", (Sample("c"),), {}, {}, 1.0)
     published: list[tuple[str, Pack]] = []
 
-    def publish(jobs: list[tuple[str, Pack]]) -> dict[str, Exception]:
+    def publish(jobs: list[tuple[str, Pack]], flows: Any = None) -> dict[str, Exception]:
         for task_id, pack in jobs:
             published.append((task_id, pack))
             call = pack.parts[0].call
@@ -356,7 +356,8 @@ async def test_unreachable_broker_and_deadline_are_counted(stubbed: Any,
     executor, client = stubbed
     call = VerifyCall("math", (Sample("a"),), {}, {}, 1.0)
     monkeypatch.setattr(executor, "_publish",
-                        lambda jobs: {task_id: OSError("no route") for task_id, _ in jobs})
+                        lambda jobs, flows=None: {task_id: OSError("no route")
+                                                 for task_id, _ in jobs})
     before = value("rewardd_tasks_total", queue="cpu", state="unavailable")
     [result] = await executor.run([call])
     assert result.items[0].outcome.error.value == "unavailable"
