@@ -10,10 +10,6 @@ sharing a private Redis and real ``rewardd worker`` processes:
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any, Iterator
 
@@ -22,7 +18,7 @@ import pytest
 
 from tests.sessions.support import Stream, groups_of, score_groups
 from tests.support.redis_server import RedisServer
-from tests.support.server import REPO_ROOT, child_env, free_port
+from tests.support.server import server_process
 
 pytestmark = pytest.mark.faults
 
@@ -30,36 +26,11 @@ PLUGINS = "tests.plugins.faulty,tests.plugins.stream"
 
 
 @contextlib.contextmanager
-def pod(redis_url: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, Any]]:
+def pod(redis_url: str) -> Iterator[tuple[str, Any]]:
     """A ``rewardd serve`` on the shared Redis: (base URL, its process)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rewardd.service.cli", "serve", "--host", "127.0.0.1",
-             "--port", str(port)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**child_env(), "REWARDD_BROKER_URL": redis_url, "REWARDD_PLUGINS": PLUGINS,
-                 **(env or {})})
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    pytest.fail(f"rewardd serve exited:\n{log.read().decode(errors='replace')}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "rewardd serve not up within 120 s"
-                time.sleep(0.25)
-            yield url, proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    with server_process(ready_within_s=120, ready_path="/healthz", env={
+            "REWARDD_BROKER_URL": redis_url, "REWARDD_PLUGINS": PLUGINS}) as started:
+        yield started
 
 
 def delay_spec(seconds: float, group_size: int) -> dict[str, Any]:

@@ -42,6 +42,16 @@ def running_server(*flags: str, ready_within_s: float = 90.0,
                    env: Mapping[str, str] | None = None) -> Iterator[str]:
     """Yield the base URL of a fresh server started with ``flags`` (and ``env`` added to its
     environment); SIGTERM it on exit."""
+    with server_process(*flags, ready_within_s=ready_within_s, env=env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(*flags: str, ready_within_s: float = 90.0,
+                   env: Mapping[str, str] | None = None,
+                   ready_path: str = "/readyz") -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`running_server`, also yielding the process (for tests that kill it); ready
+    when ``ready_path`` answers 200."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "rewardd.service.cli", "serve", "--host", "127.0.0.1",
@@ -61,14 +71,14 @@ def running_server(*flags: str, ready_within_s: float = 90.0,
                 if proc.poll() is not None:
                     raise failed(f"exited with {proc.returncode} before it was ready")
                 try:
-                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    if httpx.get(f"{url}{ready_path}", timeout=5).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
                     raise failed(f"was not ready within {ready_within_s:g} s")
                 time.sleep(0.25)
-            yield url
+            yield url, proc
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
