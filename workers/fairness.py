@@ -73,10 +73,17 @@ def current_flow() -> Flow:
 
 
 @contextlib.contextmanager
-def flow(tenant: str | None = None, flow_id: str | None = None) -> Iterator[Flow]:
+def flow(tenant: str | None = None, flow_id: str | None = None,
+         urgent: bool = False) -> Iterator[Flow]:
     """Make the calls of the block one flow (``flow_id``, else a new unique id), for tenant
-    ``tenant``. A context variable: tasks the block starts inherit it."""
-    current = Flow(flow_id or uuid.uuid4().hex, tenant)
+    ``tenant``. A context variable: tasks the block starts inherit it.
+
+    ``urgent``: calls that something already complete waits on alone (a streaming session's
+    group whose last rollouts these are). They form the flow's own urgent sub-flow, which
+    competes with its bulk as another flow would, so they do not wait behind the flow's
+    backlog."""
+    fid = flow_id or uuid.uuid4().hex
+    current = Flow(f"{fid}!urgent" if urgent else fid, tenant)
     token = _CURRENT.set(current)
     try:
         yield current

@@ -203,12 +203,12 @@ class SessionManager:
                 continue
             if group.group_id not in known:
                 index += 1
-            taken = await self._append(session_id, spec, group, new, index - 1)
+            taken, full = await self._append(session_id, spec, group, new, index - 1)
             accepted += len(taken)
             if taken:
                 self._inflight[name] = self._inflight.get(name, 0) + len(taken)
                 self._spawn(session_id, self._check(session_id, name, spec, group.group_id,
-                                                    taken, whole=False))
+                                                    taken, whole=False, urgent=full))
         total = sum(len(g.rollouts) for g in body.groups)
         return {"accepted": accepted, "duplicates": total - accepted}
 
@@ -366,11 +366,14 @@ class SessionManager:
         return plan
 
     async def _append(self, sid: str, spec: SessionSpec, group: Any,
-                      new: list[tuple[Rollout, str]], index: int) -> list[dict[str, Any]]:
+                      new: list[tuple[Rollout, str]], index: int
+                      ) -> tuple[list[dict[str, Any]], bool]:
+        """Store the new rollouts; (those taken, whether the group now has all of them)."""
         timeout = spec.group_timeout_s
 
         async def put(doc: dict[str, Any] | None
-                      ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[bytes]]:
+                      ) -> tuple[dict[str, Any] | None, tuple[list[dict[str, Any]], bool],
+                                 list[bytes]]:
             if doc is None:
                 doc = {"group_id": group.group_id, "index": index, "first": time.time(),
                        "prompt": group.prompt or "", "reference": group.reference or {},
@@ -380,7 +383,7 @@ class SessionManager:
                 if timeout is not None:
                     await self.store.set_deadline(sid, group.group_id, doc["first"] + timeout)
             if doc["state"] != "open":  # completed meanwhile (a race with a close)
-                return None, [], []
+                return None, ([], False), []
             seen = {r["id"] for r in doc["rollouts"]}
             taken = []
             for rollout, digest in new:
@@ -391,7 +394,7 @@ class SessionManager:
                          "body": rollout.model_dump(mode="json", exclude_unset=True)}
                 doc["rollouts"].append(entry)
                 taken.append(entry)
-            return doc, taken, []
+            return doc, (taken, len(doc["rollouts"]) >= spec.group_size), []
 
         return await self.store.update_group(sid, group.group_id, put)
 
@@ -411,9 +414,10 @@ class SessionManager:
 
     async def _check(self, sid: str, tenant: str, spec: SessionSpec, gid: str,
                      rollouts: list[dict[str, Any]], whole: bool,
-                     counted: bool = True) -> None:
+                     counted: bool = True, urgent: bool = False) -> None:
         """Run the per-sample (or, ``whole``, the group-level) components over ``rollouts``
-        and settle their cells."""
+        and settle their cells. ``urgent``: these checks are all their group still waits
+        for (it is whole), so a group's event waits on them alone."""
         try:
             specs = [s for s in spec.rewards if keeps_group_whole(s.verifier) == whole]
             cells: dict[str, dict[str, Any]] = {r["id"]: {} for r in rollouts}
@@ -421,7 +425,8 @@ class SessionManager:
                 doc = (await self.store.groups(sid, [gid])).get(gid)
                 if doc is None:
                     return
-                cells = await self._verify(sid, tenant, spec, specs, doc, rollouts, whole)
+                cells = await self._verify(sid, tenant, spec, specs, doc, rollouts, whole,
+                                           urgent or whole)
             await self._settle(sid, spec, gid, cells, whole)
         except asyncio.CancelledError:
             raise
@@ -433,7 +438,8 @@ class SessionManager:
 
     async def _verify(self, sid: str, tenant: str, spec: SessionSpec,
                       specs: list[RewardSpec], doc: dict[str, Any],
-                      rollouts: list[dict[str, Any]], whole: bool) -> dict[str, dict[str, Any]]:
+                      rollouts: list[dict[str, Any]], whole: bool,
+                      urgent: bool) -> dict[str, dict[str, Any]]:
         samples = []
         for r in rollouts:
             rollout = Rollout.model_validate(r["body"])
@@ -444,7 +450,8 @@ class SessionManager:
                             pipeline.call_timeout(s.timeout_s, self.settings),
                             context.for_group(doc["group_id"]) if whole else None)
                  for s in specs]
-        with fairness.flow(tenant, sid):  # the session is one flow of the fair queue
+        # the session is one flow of the fair queue (its urgent checks: see fairness.flow)
+        with fairness.flow(tenant, sid, urgent=urgent):
             results = await pipeline.run_calls(calls, self.state.executor)
         return {r["id"]: {s.name: results[k].items[i].outcome.to_dict()
                           for k, s in enumerate(specs)} for i, r in enumerate(rollouts)}
