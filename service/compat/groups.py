@@ -1,133 +1,257 @@
-"""Per-sample requests assembled into groups: each waits until its group is whole.
+"""Per-sample requests assembled into groups on a standing streaming session: each request
+waits until its sample's group is whole.
 
 OpenRLHF, slime and NeMo-Gym send one sample per request and never say which group it
 belongs to; the ``n_samples_per_prompt`` samples of a prompt share its text and label. A
-group is therefore keyed by (tenant, protocol, prompt, reference) and is the next
-``group.size`` samples with that key: the first sample opens it, the ``size``-th completes
-it and it is scored at once (one /v1/score group: a group-level verifier sees all of it),
-and each waiting request is answered with its own sample's result. The same prompt coming
-back in a later step opens a new group. A group still open ``group.timeout_s`` after its
-first sample is scored from what arrived (flagged ``timed_out``) or failed (``on_timeout:
-fail``, 504), well inside OpenRLHF's 180 s client timeout.
+group is therefore keyed by (prompt, reference) and is the next ``group.size`` samples with
+that key: the first sample opens it, the ``size``-th completes it, and each waiting request
+is answered with its own sample's result. The same prompt coming back in a later step opens
+a new group. A group still open ``group.timeout_s`` after its first sample is scored from
+what arrived (flagged ``timed_out``) or failed (``on_timeout: fail``, 504), well inside
+OpenRLHF's 180 s client timeout.
 
-Why not the streaming sessions (/v1/sessions) underneath: they were being built at the same
-time (issue #18) and their interface had not landed when this was written; this module is
-the small part of a session a per-sample protocol needs (no events, no resume), kept behind
-:func:`assembler` so that switching is local. Its cost: groups live in the API process, so
-with several API pods a trainer must send a group's samples to one pod (the usual setup:
-one URL per reward server; OpenRLHF rotates its URL list per request, so give it one URL),
-and a pod that dies takes its open groups with it (the trainers' retries resend them).
+Underneath is a streaming session (:mod:`rewardd.service.sessions`), the configured one
+of issue #18: one *standing* session per (tenant, protocol, configuration), whose id every
+API pod derives alike (:func:`session_id`). So each sample is checked the moment it arrives
+(only group-level verifiers, such as an arena, wait for the whole group), and in
+distributed mode the groups live in Redis: a group's samples may reach different API pods,
+each pod answers its own requests when the group completes on any of them, and a pod that
+dies mid-group loses nothing but its own waiting connections (another pod resumes its
+checks; the trainer's retry of a lost request is a new sample of the group).
+
+Which group a sample joins: the session keeps, per key, the generation of the key's open
+group (``<key>.<generation>``); under the key's lock a request puts its samples into that
+group, moving to the next generation once it is full or no longer open. A group that times
+out between that read and the write is noticed (the session does not take the sample) and
+the sample goes to the next generation.
+
+Not idempotent: samples carry no id, so a resent sample is another sample. Two identical
+completions of a prompt are legitimately two samples (short math answers often are), so
+content cannot tell a resend from a sibling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+import uuid
+from collections import defaultdict
+from typing import Any, Sequence
 
 from fastapi import HTTPException
 
 from rewardd.service.compat.config import CompatConfig
 from rewardd.service.compat.samples import SampleIn
-from rewardd.service.compat.scoring import SampleOut, score_group, slot_when_free
+from rewardd.advantages.errors import RequestInvalid
+from rewardd.service.compat.scoring import SampleOut, outcome, remap
+from rewardd.service.models import AdvantageSpec, SessionSpec
+from rewardd.service.sessions import SessionBusy, SessionConflict
+from rewardd.service.sessions.manager import POLL_S
 from rewardd.service.tenancy import Tenant
 
-MAX_OPEN_GROUPS = 4096
-"""Open groups one tenant may have in this process (more: 429): a bound on what a trainer
-that never completes its groups can make the server hold."""
+BUSY_POLL_S = 0.05
+"""How often samples refused for the tenant's rollouts in flight ask again: accepted work
+waits rather than being refused (a trainer would drop the sample's reward)."""
 
-GroupKey = tuple[str, str, str, str]
+WAIT_MARGIN_S = 30.0
+"""A waiting request gives up this long after its group's timeout should have fired."""
+
+PLACE_TRIES = 8
 
 
-@dataclass(eq=False)
-class OpenGroup:
-    """A group that has not yet all its samples."""
+def session_spec(config: CompatConfig) -> SessionSpec:
+    """The standing session's configuration, from ``REWARDD_COMPAT_CONFIG``."""
+    group = config.group
+    assert group is not None
+    return SessionSpec(rewards=config.rewards, group_size=group.size,
+                       advantage=group.advantage or AdvantageSpec(output="none"),
+                       group_timeout_s=group.timeout_s, on_group_timeout=group.on_timeout)
 
-    tenant: Tenant
-    config: CompatConfig
-    samples: list[SampleIn] = field(default_factory=list)
-    waiters: list[asyncio.Future[SampleOut]] = field(default_factory=list)
-    timer: asyncio.Task[None] | None = None
+
+def session_id(tenant: Tenant, protocol: str, config: CompatConfig) -> str:
+    """The standing session of a tenant's protocol under a configuration: the same id on
+    every pod; a changed configuration is another session (its groups are not mixed)."""
+    text = json.dumps([tenant.name, protocol, config.model_dump(mode="json")],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def group_key(sample: SampleIn) -> str:
+    text = json.dumps([sample.prompt, sample.reference], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class Assembler:
-    """The open groups of one app (see the module docstring)."""
+    """Samples into the standing sessions of one app (see the module docstring)."""
 
     def __init__(self, state: Any) -> None:
         self._state = state
-        self._open: dict[GroupKey, OpenGroup] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._waited: dict[str, dict[str, asyncio.Future[Any]]] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
 
-    def open_groups(self, tenant: Tenant) -> int:
-        return sum(1 for key in self._open if key[0] == tenant.name)
+    @property
+    def _sessions(self) -> Any:
+        return self._state.sessions
 
-    async def submit(self, tenant: Tenant, protocol: str, sample: SampleIn,
-                     config: CompatConfig) -> SampleOut:
-        """Add ``sample`` to its group and wait for the group's result."""
+    async def submit(self, tenant: Tenant, protocol: str, samples: Sequence[SampleIn],
+                     config: CompatConfig) -> list[SampleOut | BaseException]:
+        """Each sample's result (or the error its request answers) once its group is
+        whole."""
         assert config.group is not None
-        key = (tenant.name, protocol, sample.prompt,
-               json.dumps(sample.reference, sort_keys=True, default=str))
-        group = self._open.get(key)
-        if group is None:
-            if self.open_groups(tenant) >= MAX_OPEN_GROUPS:
-                raise HTTPException(429, f"tenant {tenant.name!r} has {MAX_OPEN_GROUPS} groups "
-                                    "waiting for samples (the limit); complete them or let "
-                                    "them time out", headers={"Retry-After": "1"})
-            group = self._open[key] = OpenGroup(tenant, config)
-            group.timer = self._spawn(self._expire(key, group, config.group.timeout_s))
-        waiter: asyncio.Future[SampleOut] = asyncio.get_running_loop().create_future()
-        group.samples.append(sample)
-        group.waiters.append(waiter)
-        if len(group.samples) >= config.group.size:
-            del self._open[key]
-            if group.timer is not None:
-                group.timer.cancel()
-            self._spawn(self._finish(group, timed_out=False))
-        # the waiter outlives a client that left: the group is scored for the others
-        return await asyncio.shield(waiter)
+        sid = session_id(tenant, protocol, config)
+        await self._sessions.start()  # the lifespan starts it; an app used without one too
+        await self._sessions.standing(tenant, sid, session_spec(config))
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for i, sample in enumerate(samples):
+            by_key[group_key(sample)].append(i)
+        placed: list[tuple[str, str] | None] = [None] * len(samples)
+        for key, where in zip(by_key, await asyncio.gather(*(
+                self._place(tenant, sid, key, [samples[i] for i in idx], config)
+                for key, idx in by_key.items()))):
+            for i, spot in zip(by_key[key], where):
+                placed[i] = spot
+        gids = sorted({spot[0] for spot in placed if spot is not None})
+        events = dict(zip(gids, await asyncio.gather(
+            *(self._wait(tenant, sid, gid, config) for gid in gids), return_exceptions=True)))
+        outs: list[SampleOut | BaseException] = []
+        for sample, spot in zip(samples, placed):
+            assert spot is not None
+            event = events[spot[0]]
+            outs.append(event if isinstance(event, BaseException)
+                        else self._answer(event, spot[1], sample, config))
+        return outs
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    async def _place(self, tenant: Tenant, sid: str, key: str, samples: list[SampleIn],
+                     config: CompatConfig) -> list[tuple[str, str]]:
+        """Put samples of one key into the key's open group (and the next ones once it is
+        full): (group id, rollout id) of each."""
+        assert config.group is not None
+        size, store = config.group.size, self._sessions.store
+        ids = [uuid.uuid4().hex for _ in samples]
+        spots: dict[str, str] = {}
+        for _ in range(PLACE_TRIES):
+            todo = [i for i in range(len(samples)) if ids[i] not in spots]
+            if not todo:
+                break
+            async with store.locked(sid, "key:" + key):
+                generation = await store.slot(sid, key)
+                chunks: list[tuple[str, list[int]]] = []
+                while todo:
+                    gid = f"{key}.{generation}"
+                    doc = (await store.groups(sid, [gid])).get(gid)
+                    have = len(doc["rollouts"]) if doc is not None else 0
+                    if doc is not None and (doc["state"] != "open" or have >= size):
+                        generation += 1
+                        continue
+                    room = size - have
+                    chunks.append((gid, todo[:room]))
+                    todo = todo[room:]
+                    if todo or have + len(chunks[-1][1]) >= size:
+                        generation += 1
+                await store.set_slot(sid, key, generation)
+                taken = await self._add(tenant, sid, samples, [
+                    {"group_id": gid, "prompt": samples[idx[0]].prompt,
+                     "reference": samples[idx[0]].reference,
+                     "rollouts": [{"rollout_id": ids[i], "completion": samples[i].completion}
+                                  for i in idx]} for gid, idx in chunks])
+            for gid, idx in chunks:
+                for i in idx:
+                    if (gid, ids[i]) in taken:
+                        spots[ids[i]] = gid
+        if len(spots) < len(samples):
+            raise HTTPException(503, "the sample's group kept completing before the sample "
+                                "could join it; retry", headers={"Retry-After": "1"})
+        return [(spots[rid], rid) for rid in ids]
 
-    async def _expire(self, key: GroupKey, group: OpenGroup, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        if self._open.get(key) is not group:
-            return
-        del self._open[key]
-        assert group.config.group is not None
-        if group.config.group.on_timeout == "fail":
-            for waiter in group.waiters:
-                _settle(waiter, HTTPException(
-                    504, f"the sample's group got {len(group.samples)} of "
-                    f"{group.config.group.size} samples within {after_s:g} s "
-                    "(group.timeout_s; group.on_timeout is fail)"))
-            return
-        await self._finish(group, timed_out=True)
+    async def _add(self, tenant: Tenant, sid: str, samples: list[SampleIn],
+                   groups: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        """The session's add, waiting while the tenant is at its rollouts-in-flight limit;
+        a group that stopped being open meanwhile takes nothing (placed again). A 422 names
+        the samples' label (they share it: one key)."""
+        while True:
+            try:
+                return await self._sessions.add_rollouts(tenant, sid, groups)
+            except RequestInvalid as exc:
+                raise remap(exc, samples, one_group=True) from None
+            except SessionBusy:
+                await asyncio.sleep(BUSY_POLL_S)
+            except SessionConflict:  # a group closed (timed out) since it was read
+                return set()
 
-    async def _finish(self, group: OpenGroup, timed_out: bool) -> None:
-        """Score the group under a tenant slot (waiting for one when the tenant is at its
-        limit: a whole group must be scored, not refused) and answer each waiter."""
+    async def _wait(self, tenant: Tenant, sid: str, gid: str,
+                    config: CompatConfig) -> dict[str, Any]:
+        """The group's event once complete: every request of this pod waiting on a group of
+        the session shares one watcher (:meth:`_watch`), not a poll each."""
+        assert config.group is not None
+        waited = self._waited.setdefault(sid, {})
+        future = waited.get(gid)
+        if future is None:
+            future = waited[gid] = asyncio.get_running_loop().create_future()
+        watcher = self._watchers.get(sid)
+        if watcher is None or watcher.done():
+            self._watchers[sid] = asyncio.get_running_loop().create_task(
+                self._watch(tenant, sid))
+        limit = config.group.timeout_s + WAIT_MARGIN_S
         try:
-            async with slot_when_free(self._state.limiter, group.tenant):
-                outs = await score_group(group.samples, group.config, self._state,
-                                         group.tenant, timed_out)
-        except Exception as exc:  # the group's error is each of its samples' answer
-            outs = [exc] * len(group.waiters)
-        for waiter, out in zip(group.waiters, outs):
-            _settle(waiter, out)
+            return await asyncio.wait_for(asyncio.shield(future), limit)
+        except asyncio.TimeoutError:
+            raise HTTPException(503, f"the sample's group was not complete {limit:g} s after "
+                                "it was sent (its timeout did not fire); retry",
+                                headers={"Retry-After": "1"}) from None
+        finally:
+            if waited.get(gid) is future and future.done():
+                waited.pop(gid, None)
+
+    async def _watch(self, tenant: Tenant, sid: str) -> None:
+        """Resolve this pod's waiters of session ``sid`` as their groups complete (on any
+        pod): one read of every waited group per change this pod sees or per poll."""
+        waited = self._waited.setdefault(sid, {})
+        sessions = self._sessions
+        while waited:
+            await sessions.changed(sid, POLL_S)
+            gids = [gid for gid, f in waited.items() if not f.done()]
+            for gid in [gid for gid, f in waited.items() if f.done()]:
+                waited.pop(gid, None)
+            if not gids:
+                continue
+            try:
+                docs = await sessions.store.groups(sid, gids)
+                record = await sessions.store.record(sid)
+            except Exception as exc:  # the store is down: each waiter answers it
+                for gid in gids:
+                    _settle(waited.pop(gid), exc)
+                continue
+            for gid in gids:
+                doc = docs.get(gid)
+                if doc is not None and doc["state"] == "done":
+                    _settle(waited.pop(gid), doc["event"])
+                elif record is None or record["state"] != "open":
+                    _settle(waited.pop(gid), HTTPException(
+                        503, "the server's session for this protocol ended (idle, or its "
+                        "store lost it) before the sample's group was complete; retry",
+                        headers={"Retry-After": "1"}))
+
+    @staticmethod
+    def _answer(event: dict[str, Any], rollout_id: str, sample: SampleIn,
+                config: CompatConfig) -> SampleOut | BaseException:
+        assert config.group is not None
+        if event.get("failed"):
+            return HTTPException(
+                504, f"the sample's group got {event['arrived']} of {config.group.size} "
+                f"samples within {config.group.timeout_s:g} s (group.timeout_s; "
+                "group.on_timeout is fail)")
+        rollout = next(r for r in event["rollouts"] if r["rollout_id"] == rollout_id)
+        return outcome(rollout, sample, event["arrived"], event["reason"] == "timeout")
 
 
-def _settle(waiter: asyncio.Future[SampleOut], out: SampleOut | BaseException) -> None:
-    if waiter.done():
+def _settle(future: asyncio.Future[Any], out: Any) -> None:
+    if future.done():
         return
     if isinstance(out, BaseException):
-        waiter.set_exception(out)
+        future.set_exception(out)
     else:
-        waiter.set_result(out)
+        future.set_result(out)
 
 
 def assembler(state: Any) -> Assembler:

@@ -3,9 +3,9 @@
 Without ``group`` in the compat configuration every sample is a one-rollout group of a
 ``/v1/rewards`` call (the same validation, executors, metrics and fallback rules), with the
 other samples of its tenant waiting at that moment (:mod:`.batching`). With ``group``,
-samples wait in :mod:`.groups` until their group is whole and are scored together as one
-``/v1/score`` group, so group-level verifiers (arenas) see the whole group and the answer
-can carry the sample's group advantage.
+samples join their group in a standing streaming session (:mod:`.groups`): each is checked
+on arrival, group-level verifiers (arenas) see the whole group, and the answer, sent when the
+group is whole, carries the sample's group advantage (``/v1/score``'s on that group).
 
 A per-sample protocol has no way to say "no reward" (OpenRLHF and slime crash on a null,
 NeMo-Gym's ``reward`` is a float). A failed check is therefore either the component's
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import HTTPException
@@ -28,7 +28,7 @@ from rewardd.service import pipeline
 from rewardd.service.compat.config import CompatConfig, load_compat_config
 from rewardd.service.compat.samples import SampleIn
 from rewardd.service.limits import Limiter, TenantBusy
-from rewardd.service.models import RewardsRequest, ScoreRequest
+from rewardd.service.models import RewardsRequest
 from rewardd.service.tenancy import Tenant
 
 
@@ -69,23 +69,12 @@ def _reason(cell: dict[str, Any]) -> str:
     return str(detail.get("message") or detail.get("reason") or cell.get("error"))
 
 
-@dataclass(slots=True)
-class Scored:
-    """Results of one scoring call of samples ``samples`` (group-major, one rollout each or
-    one group of all)."""
-
-    samples: Sequence[SampleIn]
-    body: dict[str, Any]
-    timed_out: bool = False
-    outs: list[SampleOut | Exception] = field(default_factory=list)
-
-
 def compat_config(state: Any) -> CompatConfig:
     """The app's compat configuration (validated when its settings loaded)."""
     return load_compat_config(state.settings.compat_config)
 
 
-def _remap(exc: RequestInvalid, samples: Sequence[SampleIn], one_group: bool) -> RequestInvalid:
+def remap(exc: RequestInvalid, samples: Sequence[SampleIn], one_group: bool) -> RequestInvalid:
     """Errors of the request built from the samples, located at the protocol's fields: a
     bad reference at the label that made it, anything else at the body."""
     errors = []
@@ -140,11 +129,11 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: A
         body = await pipeline.rewards(req, state.executor, state.settings)
     except RequestInvalid as exc:
         if not all(len(e["loc"]) > 2 and e["loc"][1] == "groups" for e in exc.errors):
-            return [_remap(exc, samples, one_group=False)] * len(samples)  # not one sample's
+            return [remap(exc, samples, one_group=False)] * len(samples)  # not one sample's
         bad = {e["loc"][2] for e in exc.errors}
         rest = [i for i in range(len(samples)) if i not in bad]
         outs: list[SampleOut | Exception] = [
-            _remap(RequestInvalid([e for e in exc.errors if e["loc"][2] == i]), samples,
+            remap(RequestInvalid([e for e in exc.errors if e["loc"][2] == i]), samples,
                    one_group=False) if i in bad else None  # type: ignore[misc]
             for i in range(len(samples))]
         for i, out in zip(rest, await score_each([samples[i] for i in rest], config, state)):
@@ -152,30 +141,6 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: A
         return outs
     return [outcome(group["rollouts"][0], sample, 1, False)
             for group, sample in zip(body["groups"], samples)]
-
-
-async def score_group(samples: Sequence[SampleIn], config: CompatConfig, state: Any,
-                      tenant: Tenant, timed_out: bool) -> list[SampleOut | Exception]:
-    """The samples of one group (same prompt and reference) as one /v1/score group."""
-    group = {"group_id": "group", "prompt": samples[0].prompt,
-             "reference": samples[0].reference,
-             "rollouts": [{"rollout_id": str(i), "completion": s.completion}
-                          for i, s in enumerate(samples)]}
-    spec = config.group.advantage if config.group else None
-    try:
-        if spec is None:
-            body = await pipeline.rewards(RewardsRequest(rewards=config.rewards,
-                                                         groups=[group]),
-                                          state.executor, state.settings)
-        else:
-            body = await pipeline.score(ScoreRequest(rewards=config.rewards, groups=[group],
-                                                     advantage=spec),
-                                        state.executor, state.settings,
-                                        runs=state.runs.for_tenant(tenant.name))
-    except RequestInvalid as exc:
-        raise _remap(exc, samples, one_group=True) from None
-    return [outcome(rollout, sample, len(samples), timed_out)
-            for rollout, sample in zip(body["groups"][0]["rollouts"], samples)]
 
 
 def raise_first(outs: Sequence[SampleOut | BaseException]) -> list[SampleOut]:
@@ -226,6 +191,5 @@ async def score_samples(state: Any, tenant: Tenant, protocol: str,
     samples = await read(config)
     if config.group is None:
         return samples, raise_first(await batcher(state).submit(tenant, samples))
-    outs = await asyncio.gather(*(assembler(state).submit(tenant, protocol, sample, config)
-                                  for sample in samples), return_exceptions=True)
-    return samples, raise_first(outs)
+    return samples, raise_first(await assembler(state).submit(tenant, protocol, samples,
+                                                              config))

@@ -60,6 +60,8 @@ POLL_S = 0.1
 """Waiters (events, long polls) re-read the store this often; this pod's own publications
 wake them at once."""
 HEARTBEAT_S = 15.0
+STANDING_KEEP_S = 300.0
+"""A standing session's completed group is kept this long (see :meth:`SessionManager.standing`)."""
 OPEN, CLOSING, CLOSED, CANCELLED, EXPIRED = "open", "closing", "closed", "cancelled", "expired"
 ENDED = frozenset({CLOSED, CANCELLED, EXPIRED})
 
@@ -118,7 +120,7 @@ class SessionManager:
         self.store = store
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: dict[str, set[asyncio.Task]] = {}
-        self._inflight: dict[str, int] = {}
+        self._pruned: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._specs: dict[str, SessionSpec] = {}
         self._sweeper: asyncio.Task | None = None
@@ -171,6 +173,17 @@ class SessionManager:
         """Take rollouts (the /v1/score ``groups`` shape, partial); their checks start now.
         ``{"accepted", "duplicates"}``. 404 unknown session, 409 a session or group that is
         no longer open or a resent rollout with other content, 422 bad input, 429 limits."""
+        taken = await self.add_rollouts(tenant, session_id, groups)
+        total = sum(len(g["rollouts"]) if isinstance(g, dict) else len(g.rollouts)
+                    for g in (groups.groups if isinstance(groups, SessionRollouts)
+                              else groups))
+        return {"accepted": len(taken), "duplicates": total - len(taken)}
+
+    async def add_rollouts(self, tenant: Tenant | str, session_id: str,
+                           groups: Sequence[dict[str, Any]] | SessionRollouts
+                           ) -> set[tuple[str, str]]:
+        """:meth:`add`, answering which rollouts it took: (group id, rollout id) of each
+        (a resent one is not; nor one whose group completed while it was being stored)."""
         name = _name(tenant)
         record = await self._own(name, session_id)
         if record["state"] != OPEN:
@@ -184,10 +197,10 @@ class SessionManager:
         plan = self._plan(spec, body, known)
         fresh = sum(len(new) for _, new in plan)
         limit = self.settings.session_max_inflight
-        if self._inflight.get(name, 0) + fresh > limit:
+        if fresh and not await self.store.reserve(name, self.owner, fresh, limit):
             raise SessionBusy(f"tenant {name!r} would have more than {limit} rollouts being "
-                              "checked (REWARDD_SESSION_MAX_INFLIGHT); retry once some "
-                              "groups completed", self.settings.retry_after_s)
+                              "checked (REWARDD_SESSION_MAX_INFLIGHT, over every API pod); "
+                              "retry once some groups completed", self.settings.retry_after_s)
         new_groups = sum(1 for g, _ in plan if g.group_id not in known)
 
         async def touch(rec: dict[str, Any]) -> tuple[bool, int, list[bytes]]:
@@ -196,21 +209,24 @@ class SessionManager:
             rec["groups"] += new_groups
             return True, first, []
 
-        index = await self.store.update_record(session_id, touch)
-        accepted = 0
-        for group, new in plan:
-            if not new:
-                continue
-            if group.group_id not in known:
-                index += 1
-            taken, full = await self._append(session_id, spec, group, new, index - 1)
-            accepted += len(taken)
-            if taken:
-                self._inflight[name] = self._inflight.get(name, 0) + len(taken)
-                self._spawn(session_id, self._check(session_id, name, spec, group.group_id,
-                                                    taken, whole=False, urgent=full))
-        total = sum(len(g.rollouts) for g in body.groups)
-        return {"accepted": accepted, "duplicates": total - accepted}
+        accepted: set[tuple[str, str]] = set()
+        try:
+            index = await self.store.update_record(session_id, touch)
+            for group, new in plan:
+                if not new:
+                    continue
+                if group.group_id not in known:
+                    index += 1
+                taken, full = await self._append(session_id, spec, group, new, index - 1)
+                accepted.update((group.group_id, r["id"]) for r in taken)
+                if taken:
+                    self._spawn(session_id, self._check(session_id, name, spec,
+                                                        group.group_id, taken, whole=False,
+                                                        urgent=full))
+        finally:
+            if fresh > len(accepted):  # reserved for rollouts that were not taken
+                await self.store.release(name, self.owner, fresh - len(accepted))
+        return accepted
 
     async def close_group(self, tenant: Tenant | str, session_id: str,
                           group_id: str) -> dict[str, Any] | None:
@@ -312,6 +328,34 @@ class SessionManager:
     async def last_event(self, session_id: str) -> int:
         """For ``Last-Event-ID`` checks (:func:`rewardd.service.api.jobs.resume_after`)."""
         return await self.store.last_event(session_id)
+
+    async def standing(self, tenant: Tenant | str, session_id: str,
+                       spec: SessionSpec) -> None:
+        """Make sure the server's own session ``session_id`` (32 hex digits the caller
+        derives, the same on every pod) is open with ``spec``: a *standing* session, for
+        routes whose clients never open or close one (the per-sample trainer protocols).
+
+        It never closes (each group's numbers are final when it completes, computed as
+        /v1/score on that group alone), publishes no events (its callers wait on their
+        groups), does not count against the tenant's open sessions, forgets completed
+        groups after :data:`STANDING_KEEP_S`, and like any session expires when idle; the
+        next call makes it anew."""
+        record = await self.store.record(session_id)
+        if record is not None and record["state"] == OPEN:
+            return
+        async with self.store.locked(session_id):
+            record = await self.store.record(session_id)
+            if record is not None and record["state"] == OPEN:
+                return
+            if record is not None:  # an expired one: its groups are gone for good
+                await self.store.purge(session_id)
+            now = time.time()
+            await self.store.create({"id": session_id, "tenant": _name(tenant), "state": OPEN,
+                                     "standing": True,
+                                     "spec": spec.model_dump(mode="json", exclude_unset=True),
+                                     "created": now, "touched": now, "groups": 0,
+                                     "error": None})
+            self._specs[session_id] = spec
 
     # ---- adding ---------------------------------------------------------------------------
 
@@ -434,7 +478,8 @@ class SessionManager:
             log.exception("session %s: checks of group %r failed", sid, gid)
         finally:
             if counted and not whole:
-                self._inflight[tenant] = max(0, self._inflight.get(tenant, 0) - len(rollouts))
+                with contextlib.suppress(Exception):  # a dead store: its counts go too
+                    await self.store.release(tenant, self.owner, len(rollouts))
 
     async def _verify(self, sid: str, tenant: str, spec: SessionSpec,
                       specs: list[RewardSpec], doc: dict[str, Any],
@@ -502,15 +547,20 @@ class SessionManager:
         return launch, []
 
     async def _complete(self, sid: str, spec: SessionSpec, doc: dict[str, Any]) -> list[bytes]:
-        event = await asyncio.to_thread(group_event, spec, doc, group_local(spec.advantage))
+        record = await self.store.record(sid)
+        standing = bool(record and record.get("standing"))
+        # a standing session never closes: each group is a whole batch of its own, with the
+        # tenant's run state (as /v1/score on that one group)
+        runs = self.state.runs.for_tenant(record["tenant"]) if standing and record else None
+        event = await asyncio.to_thread(group_event, spec, doc,
+                                        standing or group_local(spec.advantage), runs)
         if spec.group_timeout_s is not None:
             await self.store.set_deadline(sid, doc["group_id"], None)
         # state and event together, with no await between: the memory store's readers see
         # the live document
-        doc["state"], doc["event"] = "done", event
-        record = await self.store.record(sid)
-        if record is None or record["state"] in ENDED:
-            return []
+        doc["state"], doc["event"], doc["done_at"] = "done", event, time.time()
+        if record is None or record["state"] in ENDED or standing:
+            return []  # a standing session's waiters read the group, not events
         return [encode_event("group", doc["event"])]
 
     async def _close_group(self, sid: str, spec: SessionSpec, gid: str, reason: str) -> Any:
@@ -646,10 +696,23 @@ class SessionManager:
             for gid in await self.store.due(sid, now):
                 await self.store.set_deadline(sid, gid, None)
                 await self._close_group(sid, spec, gid, "timeout")
+            if record.get("standing") and now - self._pruned.get(sid, 0.0) >= 1.0:
+                self._pruned[sid] = now
+                await self._prune(sid, now)
             if orphans:
                 await self._resume(sid, record, spec)
                 if record["state"] == CLOSING:
                     await self._finish_closing(sid)
+        if orphans:
+            await self.store.reap()
+
+    async def _prune(self, sid: str, now: float) -> None:
+        """A standing session forgets its groups :data:`STANDING_KEEP_S` after they
+        completed (their waiters have read them by then)."""
+        docs = await self.store.groups(sid)
+        old = [gid for gid, d in docs.items()
+               if d["state"] == "done" and d.get("done_at", now) < now - STANDING_KEEP_S]
+        await self.store.drop_groups(sid, old)
 
     async def _resume(self, sid: str, record: dict[str, Any], spec: SessionSpec) -> None:
         docs = [d for d in (await self.store.groups(sid)).values() if d["state"] != "done"]
@@ -692,6 +755,11 @@ class SessionManager:
         if spec is None:
             spec = self._specs[record["id"]] = SessionSpec.model_validate(record["spec"])
         return spec
+
+    async def changed(self, session_id: str, timeout: float) -> None:
+        """Return when this pod changes the session, or after ``timeout`` (another pod's
+        changes are seen by reading the store again)."""
+        await self._wait_change(session_id, timeout)
 
     def _notify(self, sid: str) -> None:
         event = self._changed.pop(sid, None)

@@ -47,9 +47,12 @@ def _batch(spec: SessionSpec, docs: Sequence[dict[str, Any]]
     return flat, columns
 
 
-def group_event(spec: SessionSpec, doc: dict[str, Any], final: bool) -> dict[str, Any]:
+def group_event(spec: SessionSpec, doc: dict[str, Any], final: bool,
+                runs: RunStore | None = None) -> dict[str, Any]:
     """The ``group`` event of a completed group: the /v1/score group object (advantages when
-    ``final``), with the group's index, reason and size as it completed."""
+    ``final``), with the group's index, reason and size as it completed. With ``runs`` the
+    group is answered through :func:`respond` (the run's state read and committed, metrics
+    recorded) as a one-group /v1/score request would be."""
     if doc.get("failed"):
         ids = [r["id"] for r in doc["rollouts"]]
         group: dict[str, Any] = {
@@ -58,8 +61,10 @@ def group_event(spec: SessionSpec, doc: dict[str, Any], final: bool) -> dict[str
                             "excluded": ids}}
     else:
         flat, columns = _batch(spec, [doc])
-        out = build_response(spec.run_id, flat, combine(columns, len(flat.rollouts)), columns,
-                             spec.advantage if final else None, None)
+        combined = combine(columns, len(flat.rollouts))
+        advantage = spec.advantage if final else None
+        out = (respond(spec.run_id, flat, combined, columns, advantage, runs) if runs is not None
+               else build_response(spec.run_id, flat, combined, columns, advantage, None))
         group = out["groups"][0]
     group.update(index=doc["index"], final=final or bool(doc.get("failed")),
                  reason=doc["reason"], failed=bool(doc.get("failed")),

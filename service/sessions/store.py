@@ -17,9 +17,12 @@ group id -> document JSON), ``:events`` (list), ``:deadlines`` (sorted set: grou
 unix time its timeout falls), ``:lock`` and ``:lock:<sha256 of a group id>`` (the record's and each group's lock,
 ``SET NX PX`` with a token);
 ``rewardd:sessions:active`` (set of open or closing sessions, for every pod's sweeper),
-``rewardd:sessions:tenant:<tenant>`` (set of the tenant's open sessions, for its limit) and
+``rewardd:sessions:tenant:<tenant>`` (set of the tenant's open sessions, for its limit),
 ``rewardd:sess-pod:<owner>`` (a pod's heartbeat: a check owned by a pod whose heartbeat
-expired is run again by another pod). Active sessions' keys live :data:`ACTIVE_TTL_S`; a
+expired is run again by another pod), ``rewardd:sessions:inflight`` (hash of
+``<tenant>\\x1f<owner>`` -> rollouts in flight: the tenant's limit holds across pods, and a
+dead pod's counts are dropped) and ``:slots`` (a standing session's group generation per
+prompt key). Active sessions' keys live :data:`ACTIVE_TTL_S`; a
 finished session's get ``session_ttl_s``.
 """
 
@@ -115,6 +118,35 @@ class SessionStore(abc.ABC):
     async def alive(self, owners: set[str]) -> set[str]:
         """Which of ``owners`` still beat."""
 
+    @abc.abstractmethod
+    async def reserve(self, tenant: str, owner: str, count: int, limit: int) -> bool:
+        """Count ``count`` more rollouts in flight for ``tenant`` on pod ``owner``, unless
+        the tenant's total over every live pod would pass ``limit`` (then False, nothing
+        counted). One atomic step, so pods racing for the last places cannot overshoot."""
+
+    @abc.abstractmethod
+    async def release(self, tenant: str, owner: str, count: int) -> None:
+        """``count`` of the tenant's rollouts counted on ``owner`` are no longer in flight."""
+
+    async def reap(self) -> None:
+        """Forget the in-flight counts of pods that stopped beating (Redis)."""
+
+    @abc.abstractmethod
+    async def slot(self, sid: str, name: str) -> int:
+        """A small counter of the session (0 when never set): a standing session's current
+        group generation of a prompt key."""
+
+    @abc.abstractmethod
+    async def set_slot(self, sid: str, name: str, value: int) -> None: ...
+
+    @abc.abstractmethod
+    async def drop_groups(self, sid: str, gids: list[str]) -> None:
+        """Forget completed groups (a standing session keeps its groups a while only)."""
+
+    @abc.abstractmethod
+    async def purge(self, sid: str) -> None:
+        """Delete every key of the session (a standing session made anew)."""
+
     async def update_group(self, sid: str, gid: str, fn: GroupUpdate[T]) -> T:
         """Read group ``gid``'s document, let ``fn`` change it, write it (and ``fn``'s
         events), all under the group's lock."""
@@ -152,13 +184,18 @@ class MemoryStore(SessionStore):
         self._deadlines: dict[str, dict[str, float]] = {}
         self._expires: dict[str, float] = {}
         self._locks: dict[str, dict[str | None, asyncio.Lock]] = {}
+        self._slots: dict[str, dict[str, int]] = {}
+        self._inflight: dict[str, int] = {}
 
     def _prune(self) -> None:
         now = time.monotonic()
         for sid in [s for s, t in self._expires.items() if t < now]:
-            for table in (self._records, self._groups, self._events, self._deadlines,
-                          self._expires, self._locks):
-                table.pop(sid, None)
+            self._forget(sid)
+
+    def _forget(self, sid: str) -> None:
+        for table in (self._records, self._groups, self._events, self._deadlines,
+                      self._expires, self._locks, self._slots):
+            table.pop(sid, None)
 
     async def create(self, record: dict[str, Any]) -> None:
         self._prune()
@@ -215,8 +252,8 @@ class MemoryStore(SessionStore):
         return [sid for sid, r in self._records.items() if r["state"] in ("open", "closing")]
 
     async def open_count(self, tenant: str) -> int:
-        return sum(1 for r in self._records.values()
-                   if r["tenant"] == tenant and r["state"] in ("open", "closing"))
+        return sum(1 for r in self._records.values() if r["tenant"] == tenant
+                   and r["state"] in ("open", "closing") and not r.get("standing"))
 
     async def finish(self, sid: str, tenant: str) -> None:
         self._expires[sid] = time.monotonic() + self.ttl_s
@@ -228,11 +265,48 @@ class MemoryStore(SessionStore):
     async def alive(self, owners: set[str]) -> set[str]:
         return set(owners)  # one process: every owner is this one
 
+    async def reserve(self, tenant: str, owner: str, count: int, limit: int) -> bool:
+        if self._inflight.get(tenant, 0) + count > limit:
+            return False
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + count
+        return True
+
+    async def release(self, tenant: str, owner: str, count: int) -> None:
+        self._inflight[tenant] = max(0, self._inflight.get(tenant, 0) - count)
+
+    async def slot(self, sid: str, name: str) -> int:
+        return self._slots.get(sid, {}).get(name, 0)
+
+    async def set_slot(self, sid: str, name: str, value: int) -> None:
+        self._slots.setdefault(sid, {})[name] = value
+
+    async def drop_groups(self, sid: str, gids: list[str]) -> None:
+        table = self._groups.get(sid, {})
+        for gid in gids:
+            table.pop(gid, None)
+
+    async def purge(self, sid: str) -> None:
+        self._forget(sid)
+
 
 PREFIX = "rewardd:sess:"
 ACTIVE_SET = "rewardd:sessions:active"
 TENANT_PREFIX = "rewardd:sessions:tenant:"
 POD_PREFIX = "rewardd:sess-pod:"
+INFLIGHT = "rewardd:sessions:inflight"
+"""Hash ``<tenant>\\x1f<owner>`` -> rollouts that pod has in flight for the tenant."""
+SEP = "\x1f"
+
+_RESERVE = """
+local total = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, #ARGV[1]) == ARGV[1] then total = total + tonumber(all[i + 1]) end
+end
+if total + tonumber(ARGV[3]) > tonumber(ARGV[4]) then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1] .. ARGV[2], ARGV[3])
+return 1
+"""
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -253,6 +327,7 @@ class RedisStore(SessionStore):
         super().__init__(ttl_s)
         self.client = client
         self._unlock = client.register_script(_UNLOCK)
+        self._reserve = client.register_script(_RESERVE)
         self._local: dict[str, asyncio.Lock] = {}  # one waiter per pod on a Redis lock
 
     async def create(self, record: dict[str, Any]) -> None:
@@ -260,7 +335,8 @@ class RedisStore(SessionStore):
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(key(sid), orjson.dumps(record), ex=ACTIVE_TTL_S)
             pipe.sadd(ACTIVE_SET, sid)
-            pipe.sadd(TENANT_PREFIX + record["tenant"], sid)
+            if not record.get("standing"):  # server-made: not one of the tenant's
+                pipe.sadd(TENANT_PREFIX + record["tenant"], sid)
             await pipe.execute()
 
     async def record(self, sid: str) -> dict[str, Any] | None:
@@ -360,7 +436,7 @@ class RedisStore(SessionStore):
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.srem(ACTIVE_SET, sid)
             pipe.srem(TENANT_PREFIX + tenant, sid)
-            for part in ("", "groups", "events"):
+            for part in ("", "groups", "events", "slots"):
                 pipe.expire(key(sid, part), self.ttl_s)
             pipe.delete(key(sid, "deadlines"))
             await pipe.execute()
@@ -377,3 +453,36 @@ class RedisStore(SessionStore):
                 pipe.exists(POD_PREFIX + owner)
             flags = await pipe.execute()
         return {owner for owner, flag in zip(ordered, flags) if flag}
+
+    async def reserve(self, tenant: str, owner: str, count: int, limit: int) -> bool:
+        return bool(await self._reserve(keys=[INFLIGHT],
+                                        args=[tenant + SEP, owner, count, limit]))
+
+    async def release(self, tenant: str, owner: str, count: int) -> None:
+        await self.client.hincrby(INFLIGHT, tenant + SEP + owner, -count)
+
+    async def reap(self) -> None:
+        fields = [f.decode() for f in await self.client.hkeys(INFLIGHT)]
+        owners = {f.rpartition(SEP)[2] for f in fields}
+        dead = owners - await self.alive(owners)
+        gone = [f for f in fields if f.rpartition(SEP)[2] in dead]
+        if gone:
+            await self.client.hdel(INFLIGHT, *gone)
+
+    async def slot(self, sid: str, name: str) -> int:
+        raw = await self.client.hget(key(sid, "slots"), name)
+        return int(raw) if raw is not None else 0
+
+    async def set_slot(self, sid: str, name: str, value: int) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(key(sid, "slots"), name, value)
+            pipe.expire(key(sid, "slots"), ACTIVE_TTL_S)
+            await pipe.execute()
+
+    async def drop_groups(self, sid: str, gids: list[str]) -> None:
+        if gids:
+            await self.client.hdel(key(sid, "groups"), *gids)
+
+    async def purge(self, sid: str) -> None:
+        await self.client.delete(*(key(sid, part) for part in
+                                   ("", "groups", "events", "deadlines", "slots")))
