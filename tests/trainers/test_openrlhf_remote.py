@@ -9,7 +9,9 @@ code (``_fetch_rewards_via_http``), then keeps ``rewards``, ``scores`` and ``ext
 the answer. Only vLLM's engine is replaced (``ScriptedEngine`` of
 scripts/openrlhf_reward_func.py). Group mode runs the samples concurrently, as the engine
 actor does, against a server whose REWARDD_COMPAT_CONFIG asks for groups and GRPO
-advantages, and compares with /v1/score on the same groups.
+advantages, and compares with /v1/score on the same groups. Given two URLs, OpenRLHF
+alternates between them request by request; two pods sharing Redis then hold each group
+between them and answer each sample with its group's advantage.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import torch
 
-from tests.support.server import running_server
+from tests.faults.test_compat_faults import group_docs, pid_of
+from tests.support.redis_server import RedisServer
+from tests.support.server import running_server, server_process
 from tests.trainers.conftest import SCRIPTS, run_script, trainer_python
 from tests.trainers.test_openrlhf import CHAT_1, CHAT_2, tokenizer_dir  # noqa: F401 (fixture)
 
@@ -37,8 +42,9 @@ from transformers import AutoTokenizer  # noqa: E402
 
 async def run(url, tokenizer_dir, cases):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    # train_ppo_ray: args.reward.remote_url = args.reward.remote_url.split(",")
     executor = SingleTurnAgentExecutor(remote_rm_url=url.split(","))
-    assert executor.reward_func is None and executor.reward_endpoints == [url]
+    assert executor.reward_func is None and executor.reward_endpoints == url.split(",")
 
     async def one(case):
         engine = ScriptedEngine(tokenizer, {{case["prompt"]: case["response"]}})
@@ -115,3 +121,59 @@ def test_in_group_mode_each_sample_gets_its_groups_advantage_as_v1_score_compute
     assert expected[0] > 0 > expected[1] and expected[2] > 0 > expected[3]
     assert [r["scores"] for r in results] == [[[1.0]], [[0.0]], [[1.0]], [[0.0]]]
     assert all(r["extra_logs"]["rewardd_group_size"] == [2.0] for r in results)
+
+
+# n_samples_per_prompt = 4: three right and one wrong, then one right and three wrong (the
+# responses of a prompt differ, so each sample is known by its completion)
+N = 4
+CASES_N = [{"prompt": CHAT_1, "label": "4", "response": r} for r in (
+    "Two plus two is \\boxed{4}.", "It is \\boxed{5}.", "\\boxed{4}", "2 + 2 = \\boxed{4}")] + [
+    {"prompt": CHAT_2, "label": "5", "response": r} for r in (
+        "x = \\boxed{3}", "3x = 15, so x = \\boxed{5}", "x = \\boxed{15}", "\\boxed{20}")]
+
+
+@pytest.mark.trainers
+def test_given_two_pods_openrlhf_alternates_between_them_and_each_group_spans_both(
+        tokenizer_dir, tmp_path):
+    """``--reward.remote_url a,b``: OpenRLHF's executor takes the next URL of a cycle for
+    every request (``_fetch_rewards_via_http``: ``rm = next(self._reward_endpoint_cycle)``),
+    so with one sample per request the samples alternate between the pods and each group of
+    four reaches both. The pods share a private Redis (REWARDD_STATE_URL), checks embedded;
+    the standing session's group documents there say which pod took each sample and in
+    which order the group got them."""
+    config = {**GROUPED, "group": {**GROUPED["group"], "size": N}}
+    redis_server = RedisServer().start()
+    env = {"REWARDD_STATE_URL": redis_server.url(),
+           "REWARDD_COMPAT_CONFIG": json.dumps(config)}
+    try:
+        with server_process("--pool-size", "1", env=env) as (url_a, proc_a), \
+                server_process("--pool-size", "1", env=env) as (url_b, proc_b):
+            results = call_openrlhf(f"{url_a}/get_reward,{url_b}/get_reward", CASES_N,
+                                    tokenizer_dir, tmp_path)
+            docs = group_docs(redis.Redis.from_url(redis_server.url()))
+            order = {d["prompt"]: [r["body"]["completion"] for r in d["rollouts"]]
+                     for d in docs}
+            direct = httpx.post(f"{url_b}/v1/score", timeout=120, json={
+                "rewards": config["rewards"],
+                "advantage": {**config["group"]["advantage"], "output": "scalar"},
+                "groups": [{"group_id": label, "prompt": prompt,
+                            "reference": {"answer": label},
+                            "rollouts": [{"rollout_id": c, "completion": c}
+                                         for c in order[prompt]]}
+                           for prompt, label in ((CHAT_1, "4"), (CHAT_2, "5"))]}).json()
+    finally:
+        redis_server.close()
+    # two groups, each with two samples taken by each pod
+    assert sorted(order) == sorted([CHAT_1, CHAT_2])
+    pods = {proc_a.pid: "a", proc_b.pid: "b"}
+    assert [sorted(pods[pid_of(r)] for r in d["rollouts"]) for d in docs] == [
+        ["a", "a", "b", "b"]] * 2
+    advantage = {ro["rollout_id"]: ro["advantages"]
+                 for g in direct["groups"] for ro in g["rollouts"]}
+    expected = [advantage[c["response"] + "</s>"] for c in CASES_N]
+    assert [r["reward"] for r in results] == [torch.tensor([[a]]).tolist() for a in expected]
+    assert expected[0] > 0 > expected[1] and expected[5] > 0 > expected[4]
+    assert expected[0] != expected[5]  # 3 of 4 right is not 1 of 4 right
+    assert [r["scores"] for r in results] == [[[1.0]], [[0.0]], [[1.0]], [[1.0]],
+                                              [[0.0]], [[1.0]], [[0.0]], [[0.0]]]
+    assert all(r["extra_logs"]["rewardd_group_size"] == [float(N)] for r in results)
