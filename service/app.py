@@ -61,6 +61,12 @@ async def start_executor(settings: Settings) -> Executor:
     return executor
 
 
+REDIS_CONNECTIONS = 128
+"""Connections of one API process to its shared-state Redis; more concurrent commands wait."""
+REDIS_CONNECTION_WAIT_S = 30.0
+"""How long a command waits for a free connection before it fails (a 503 with Retry-After)."""
+
+
 def shared_state(settings: Settings) -> tuple[Any, RunStore, Limiter]:
     """(async Redis client or None, run store, tenant limiter): in Redis when
     ``REWARDD_STATE_URL`` or the broker is set, so every API pod sees the same runs, jobs and
@@ -74,7 +80,12 @@ def shared_state(settings: Settings) -> tuple[Any, RunStore, Limiter]:
 
     options = {"socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 30,
                "retry_on_timeout": True}
-    client = redis.asyncio.Redis.from_url(url, **options)
+    # redis-py's pool refuses the 101st concurrent command (MaxConnectionsError, a 503 to
+    # the client): hundreds of per-sample trainer requests in flight on one pod did that.
+    # A blocking pool queues them for a free connection instead.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_CONNECTION_WAIT_S, **options)
+    client = redis.asyncio.Redis(connection_pool=pool)
     runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
     return client, runs, RedisLimiter(client, settings.retry_after_s)
 

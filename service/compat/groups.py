@@ -58,6 +58,9 @@ WAIT_MARGIN_S = 30.0
 """A waiting request gives up this long after its group's timeout should have fired."""
 
 PLACE_TRIES = 8
+"""Placements of a sample whose group keeps completing under it, before a 503."""
+MAX_PLACING = 2
+"""Placements one standing session may have running in this process."""
 
 
 def session_spec(config: CompatConfig) -> SessionSpec:
@@ -89,6 +92,9 @@ class Assembler:
         self._state = state
         self._waited: dict[str, dict[str, asyncio.Future[Any]]] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._queued: dict[str, list[tuple[SampleIn, asyncio.Future[Any]]]] = {}
+        self._placing: dict[str, int] = defaultdict(int)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def _sessions(self) -> Any:
@@ -102,25 +108,53 @@ class Assembler:
         sid = session_id(tenant, protocol, config)
         await self._sessions.start()  # the lifespan starts it; an app used without one too
         await self._sessions.standing(tenant, sid, session_spec(config))
-        by_key: dict[str, list[int]] = defaultdict(list)
-        for i, sample in enumerate(samples):
-            by_key[group_key(sample)].append(i)
-        placed: list[tuple[str, str] | None] = [None] * len(samples)
-        for key, where in zip(by_key, await asyncio.gather(*(
-                self._place(tenant, sid, key, [samples[i] for i in idx], config)
-                for key, idx in by_key.items()))):
-            for i, spot in zip(by_key[key], where):
-                placed[i] = spot
-        gids = sorted({spot[0] for spot in placed if spot is not None})
+        placed = await self._placed(tenant, sid, samples, config)
+        gids = sorted({spot[0] for spot in placed if not isinstance(spot, BaseException)})
         events = dict(zip(gids, await asyncio.gather(
             *(self._wait(tenant, sid, gid, config) for gid in gids), return_exceptions=True)))
         outs: list[SampleOut | BaseException] = []
         for sample, spot in zip(samples, placed):
-            assert spot is not None
-            event = events[spot[0]]
+            event = spot if isinstance(spot, BaseException) else events[spot[0]]
             outs.append(event if isinstance(event, BaseException)
                         else self._answer(event, spot[1], sample, config))
         return outs
+
+    async def _placed(self, tenant: Tenant, sid: str, samples: Sequence[SampleIn],
+                      config: CompatConfig) -> list[tuple[str, str] | BaseException]:
+        """Where each sample went, (group id, rollout id), or the error its placement met.
+        Samples of this pod's requests arriving while a placement runs make the next one
+        together (a group's samples are then one add: per-sample trainers post each sample
+        on its own, hundreds at once); at most :data:`MAX_PLACING` run per session."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in samples]
+        self._queued.setdefault(sid, []).extend(zip(samples, futures))
+        if self._placing[sid] < MAX_PLACING:
+            self._placing[sid] += 1
+            task = loop.create_task(self._drain(tenant, sid, config))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        # a client that leaves does not take its sample back: it is in a group by then
+        return list(await asyncio.gather(*(asyncio.shield(f) for f in futures),
+                                         return_exceptions=True))
+
+    async def _drain(self, tenant: Tenant, sid: str, config: CompatConfig) -> None:
+        queue = self._queued[sid]
+        try:
+            while queue:
+                batch = queue[:]
+                del queue[:]
+                by_key: dict[str, list[tuple[SampleIn, asyncio.Future[Any]]]] = defaultdict(list)
+                for sample, future in batch:
+                    by_key[group_key(sample)].append((sample, future))
+                results = await asyncio.gather(*(
+                    self._place(tenant, sid, key, [sample for sample, _ in items], config)
+                    for key, items in by_key.items()), return_exceptions=True)
+                for items, where in zip(by_key.values(), results):
+                    for k, (_, future) in enumerate(items):
+                        _settle(future, where if isinstance(where, BaseException)
+                                else where[k])
+        finally:
+            self._placing[sid] -= 1
 
     async def _place(self, tenant: Tenant, sid: str, key: str, samples: list[SampleIn],
                      config: CompatConfig) -> list[tuple[str, str]]:

@@ -17,6 +17,8 @@ per-sample trainer protocols) feed sessions through the same manager::
                                                                         #  "state", "error",
                                                                         #  "summary", "result"}
     await manager.cancel(tenant, sid); await manager.status(tenant, sid)
+    await manager.standing(tenant, sid, spec)   # the server's own session (see below)
+    await manager.add_rollouts(tenant, sid, groups)  # add, answering {(group, rollout)} taken
 
 ``tenant`` is a :class:`~rewardd.service.tenancy.Tenant` or a tenant name. A group object
 is the ``/v1/score`` group (``group_id``, ``rollouts`` with ``reward``, ``rewards``,
@@ -42,6 +44,13 @@ Semantics:
   ``/v1/score`` would on the completed groups in first-sight order.
 * Stored like jobs (:mod:`rewardd.service.sessions.store`): in the process in embedded
   mode, in Redis when shared state is configured, where a session outlives its pod.
+* Per-tenant bounds: open sessions (``REWARDD_SESSION_MAX_OPEN``), rollouts being checked
+  over every pod (``REWARDD_SESSION_MAX_INFLIGHT``; a dead pod's count is dropped) and idle
+  time (``REWARDD_SESSION_IDLE_TIMEOUT_S``).
+* A check the executor could not run fails its cells ``unavailable``: the group completes.
+* *Standing* sessions (:meth:`SessionManager.standing`) are the server's own, for the
+  per-sample trainer protocols (:mod:`rewardd.service.compat.groups`): never closed, each
+  group final alone, no events, not counted as the tenant's.
 """
 
 from __future__ import annotations

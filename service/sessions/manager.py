@@ -48,7 +48,7 @@ from rewardd.service.sessions.locality import group_local
 from rewardd.service.sessions.results import group_event, session_result
 from rewardd.service.sessions.store import SessionStore
 from rewardd.service.tenancy import Tenant
-from rewardd.verifiers.base import Sample
+from rewardd.verifiers.base import FailureKind, Outcome, Sample
 from rewardd.workers import fairness
 from rewardd.workers.executor import VerifyCall, keeps_group_whole
 
@@ -164,7 +164,7 @@ class SessionManager:
         sid, now = uuid.uuid4().hex, time.time()
         await self.store.create({"id": sid, "tenant": name, "state": OPEN,
                                  "spec": spec.model_dump(mode="json", exclude_unset=True),
-                                 "created": now, "touched": now, "groups": 0, "error": None})
+                                 "created": now, "touched": now, "error": None})
         self._specs[sid] = spec
         return sid
 
@@ -202,16 +202,14 @@ class SessionManager:
                               "checked (REWARDD_SESSION_MAX_INFLIGHT, over every API pod); "
                               "retry once some groups completed", self.settings.retry_after_s)
         new_groups = sum(1 for g, _ in plan if g.group_id not in known)
-
-        async def touch(rec: dict[str, Any]) -> tuple[bool, int, list[bytes]]:
-            rec["touched"] = time.time()
-            first = rec["groups"]
-            rec["groups"] += new_groups
-            return True, first, []
-
         accepted: set[tuple[str, str]] = set()
         try:
-            index = await self.store.update_record(session_id, touch)
+            # first-sight order from a counter, and the idle clock moved at most once a
+            # second: no session-wide lock per request (hundreds of per-sample requests
+            # queued on it)
+            index = await self.store.bump(session_id, GROUPS_SEEN, new_groups) - new_groups
+            if time.time() - record["touched"] >= TOUCH_EVERY_S:
+                await self.store.update_record(session_id, _touch)
             for group, new in plan:
                 if not new:
                     continue
@@ -353,8 +351,7 @@ class SessionManager:
             await self.store.create({"id": session_id, "tenant": _name(tenant), "state": OPEN,
                                      "standing": True,
                                      "spec": spec.model_dump(mode="json", exclude_unset=True),
-                                     "created": now, "touched": now, "groups": 0,
-                                     "error": None})
+                                     "created": now, "touched": now, "error": None})
             self._specs[session_id] = spec
 
     # ---- adding ---------------------------------------------------------------------------
@@ -372,7 +369,14 @@ class SessionManager:
         req = ScoreRequest.model_construct(run_id=spec.run_id, step=spec.step,
                                            evaluation=spec.evaluation, groups=groups,
                                            rewards=spec.rewards, advantage=spec.advantage)
-        pipeline.check_request(req, self.settings)
+        try:
+            pipeline.check_request(req, self.settings)
+        except RequestInvalid as exc:
+            # parts of groups differ in size by nature; a profile's equal-size rule is the
+            # session's group_size (checked when the session opened)
+            kept = [e for e in exc.errors if tuple(e["loc"]) != PROFILE_LOC]
+            if kept:
+                raise RequestInvalid(kept) from None
 
     def _plan(self, spec: SessionSpec, body: SessionRollouts,
               known: dict[str, dict[str, Any]]) -> list[tuple[Any, list[tuple[Rollout, str]]]]:
@@ -469,8 +473,16 @@ class SessionManager:
                 doc = (await self.store.groups(sid, [gid])).get(gid)
                 if doc is None:
                     return
-                cells = await self._verify(sid, tenant, spec, specs, doc, rollouts, whole,
-                                           urgent or whole)
+                try:
+                    cells = await self._verify(sid, tenant, spec, specs, doc, rollouts,
+                                               whole, urgent or whole)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the executor broke: typed cells, never a hang
+                    log.exception("session %s: checks of group %r could not run", sid, gid)
+                    failed = Outcome.failure(FailureKind.unavailable, "the check could not "
+                                             f"run: {type(exc).__name__}: {exc}").to_dict()
+                    cells = {r["id"]: {s.name: failed for s in specs} for r in rollouts}
             await self._settle(sid, spec, gid, cells, whole)
         except asyncio.CancelledError:
             raise
@@ -773,6 +785,18 @@ class SessionManager:
 
 
 _MISSING: Any = object()
+
+PROFILE_LOC = ("body", "advantage", "profile")
+
+GROUPS_SEEN = "@groups"
+"""The session's counter (:meth:`SessionStore.bump`) of groups seen: each group's index."""
+TOUCH_EVERY_S = 1.0
+"""A session's ``touched`` (its idle clock) is written at most this often."""
+
+
+async def _touch(rec: dict[str, Any]) -> tuple[bool, None, list[bytes]]:
+    rec["touched"] = time.time()
+    return True, None, []
 
 
 def _parse(model: Any, data: Any) -> Any:

@@ -140,6 +140,10 @@ class SessionStore(abc.ABC):
     async def set_slot(self, sid: str, name: str, value: int) -> None: ...
 
     @abc.abstractmethod
+    async def bump(self, sid: str, name: str, by: int) -> int:
+        """Add ``by`` to the counter ``name`` (a slot), atomically; its new value."""
+
+    @abc.abstractmethod
     async def drop_groups(self, sid: str, gids: list[str]) -> None:
         """Forget completed groups (a standing session keeps its groups a while only)."""
 
@@ -279,6 +283,11 @@ class MemoryStore(SessionStore):
 
     async def set_slot(self, sid: str, name: str, value: int) -> None:
         self._slots.setdefault(sid, {})[name] = value
+
+    async def bump(self, sid: str, name: str, by: int) -> int:
+        slots = self._slots.setdefault(sid, {})
+        slots[name] = slots.get(name, 0) + by
+        return slots[name]
 
     async def drop_groups(self, sid: str, gids: list[str]) -> None:
         table = self._groups.get(sid, {})
@@ -478,6 +487,13 @@ class RedisStore(SessionStore):
             pipe.hset(key(sid, "slots"), name, value)
             pipe.expire(key(sid, "slots"), ACTIVE_TTL_S)
             await pipe.execute()
+
+    async def bump(self, sid: str, name: str, by: int) -> int:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(key(sid, "slots"), name, by)
+            pipe.expire(key(sid, "slots"), ACTIVE_TTL_S)
+            value, _ = await pipe.execute()
+        return int(value)
 
     async def drop_groups(self, sid: str, gids: list[str]) -> None:
         if gids:

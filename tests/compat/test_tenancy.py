@@ -79,9 +79,9 @@ async def test_samples_waiting_for_their_group_hold_no_slot():
                                                    headers=ALICE) for _ in range(3)))
     assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text
     assert [a.json()["group_size"] for a in answers] == [3, 3, 3]
-    # each sample checked the moment it arrived (the group's standing session), none held
-    # back by the tenant's one slot
-    assert gated.entered == 3
+    # the samples are checked as they arrive (those arriving together in one call), none
+    # held back by the tenant's one slot
+    assert 1 <= gated.entered <= 3
 
 
 async def test_a_bad_reference_in_a_shared_batch_fails_only_its_own_request():

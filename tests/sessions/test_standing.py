@@ -21,6 +21,7 @@ from rewardd.service.settings import Settings
 from tests.sessions.support import ECHO
 from tests.sessions.test_shared import db  # noqa: F401  (the autouse fixture: flushes DB 6)
 from tests.sessions.test_shared import EchoExecutor, pod, rollout, spec
+from tests.support.executors import RefusingExecutor
 
 GROUPED = {"rewards": [ECHO], "group": {"size": 4, "timeout_s": 60,
                                         "advantage": {"estimator": "grpo"}},
@@ -129,3 +130,16 @@ async def test_a_standing_session_forgets_its_groups_is_made_anew_and_is_not_cou
                                            for v in ("0.0", "1.0")))
             assert [r.json()["group_size"] for r in again] == [2, 2]
             assert (await manager.store.record(standing))["state"] == "open"
+
+
+async def test_an_executor_that_breaks_fails_the_cells_typed_and_the_group_completes() -> None:
+    async with pod(RefusingExecutor()) as http:
+        sid = (await http.post("/v1/sessions", json=spec(2))).json()["session_id"]
+        await http.post(f"/v1/sessions/{sid}/rollouts", json={"groups": [
+            {"group_id": "g", "prompt": "p", "rollouts": [rollout("a", 1.0), rollout("b", 0.0)]}]})
+        got = (await http.get(f"/v1/sessions/{sid}/groups/g", params={"wait_s": 30})).json()
+    assert got["complete"], got
+    cells = [r["status"]["r"] for r in got["group"]["rollouts"]]
+    assert [c["error"] for c in cells] == ["unavailable", "unavailable"]
+    assert all("could not run" in c["detail"]["message"] for c in cells)
+    assert [r["reward"] for r in got["group"]["rollouts"]] == [None, None]
