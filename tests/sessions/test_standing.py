@@ -143,3 +143,15 @@ async def test_an_executor_that_breaks_fails_the_cells_typed_and_the_group_compl
     assert [c["error"] for c in cells] == ["unavailable", "unavailable"]
     assert all("could not run" in c["detail"]["message"] for c in cells)
     assert [r["reward"] for r in got["group"]["rollouts"]] == [None, None]
+
+
+async def test_hundreds_of_samples_at_once_on_one_pod_are_all_answered() -> None:
+    # more concurrent Redis commands than redis-py's default pool of 100 allows (it raised
+    # MaxConnectionsError, a 503, before the pool was a blocking one)
+    config = json.dumps({**GROUPED, "group": {**GROUPED["group"], "size": 8}})
+    async with pod(EchoExecutor(), compat_config=config) as http:
+        answers = await asyncio.gather(*(http.post("/slime/reward", json=slime(
+            str(i % 2), prompt=f"P{i // 8}")) for i in range(384)))
+    assert [a.status_code for a in answers] == [200] * 384, next(
+        a.text for a in answers if a.status_code != 200)
+    assert {a.json()["group_size"] for a in answers} == {8}
