@@ -75,7 +75,7 @@ class Settings(WorkerSettings):
         "once; beyond it: 429 with Retry-After.")
     session_max_inflight: int = Field(
         8192, ge=1, description="Rollouts one tenant may have sent to its open sessions and "
-        "not yet seen checked (per API pod); beyond it: 429 with Retry-After.")
+        "not yet seen checked (over every API pod); beyond it: 429 with Retry-After.")
     session_idle_timeout_s: float = Field(
         600.0, gt=0, description="A session that received no request for this long is "
         "expired (its groups are dropped; a `closed` event with the error ends its stream).")
