@@ -92,7 +92,7 @@ test-verl: install redis .venv-verl/.installed
 # OpenRLHF 0.11.2's own reward-function loader and caller (openrlhf.utils.agent, installed
 # --no-deps with the few packages that module imports: its pins want CUDA, deepspeed, ray,
 # vllm); slime does not install from PyPI, so its batched call is replayed in the same venv.
-test-openrlhf-slime: install .venv-openrlhf/.installed
+test-openrlhf-slime: install redis .venv-openrlhf/.installed
 	REWARDD_OPENRLHF_PYTHON=$(CURDIR)/.venv-openrlhf/bin/python $(PY) -m pytest -m trainers \
 	  tests/trainers/test_openrlhf.py tests/trainers/test_slime.py tests/trainers/test_openrlhf_remote.py
 
