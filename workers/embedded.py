@@ -27,10 +27,12 @@ arguments before scheduling would cost a second full pickle of every call on the
 Fairness between requests. pebble runs its tasks first come, first served, so handing it every
 call at once would make a small request wait behind all of a big one. Calls go through a fair
 queue (:mod:`rewardd.workers.fairness`, one flow per request) that hands pebble at most
-:data:`IN_PEBBLE_PER_WORKER` samples per worker; the rest wait there and start as calls
-finish. A call of more than :data:`CHUNK_SAMPLES` samples of a verifier that is not group-level
-runs as several chunks, so no single call holds a worker for long; the chunks' items go
-back in order, and the replay rule holds per chunk.
+:data:`IN_PEBBLE_S_PER_WORKER` of checks per worker, estimated from each verifier's recent
+checks, and never more than :data:`IN_PEBBLE_PER_WORKER` samples; the rest wait there (where
+the order is fair, and a flow's urgent calls go first) and start as calls finish. A call of
+more than :data:`CHUNK_SAMPLES` samples of a verifier that is not group-level runs as several
+chunks, so no single call holds a worker for long; the chunks' items go back in order, and
+the replay rule holds per chunk.
 
 A pool that dies anyway (one of its threads gone for an unforeseen reason, or pebble marking it
 broken, as it does when a worker dies while no task runs) is noticed by a watchdog that looks
@@ -91,6 +93,30 @@ of one-sample ``exact_match`` calls fell by about half); bounded in samples, eac
 the cheapest checks. 128 per worker served tiny checks a little faster, but a small request
 then waited behind twice as much (bench_load, a 60,000-rollout request beside 8 trainers on
 2 workers: their p99 2.2x alone at 128, 1.2x at 64)."""
+
+IN_PEBBLE_S_PER_WORKER = 0.025
+"""Estimated seconds of checks handed to pebble per worker at most (the fair queue's
+capacity is ``pool_size`` times this, its units each call's estimated duration); a check
+counts at least ``IN_PEBBLE_S_PER_WORKER / IN_PEBBLE_PER_WORKER`` (0.4 ms), so cheap checks
+keep the bound of :data:`IN_PEBBLE_PER_WORKER` samples, and whatever the estimate every
+worker may have one call (the queue's ``floor``: a big call is never held back by its size).
+
+Why time as well as samples. What is in pebble is ahead of every later call, a flow's urgent
+ones included: 64 samples of a 20 ms check per worker are 1.3 s of queue, which a streaming
+session's group completed during a burst waited out before its event, however urgent
+(bench_stream.py --compare, seed 1, pool 8: p99 group delay 260-320 ms against a 120 ms
+target; with 25 ms per worker and urgent calls that take their group's along, 50-110 ms in
+eight runs of nine, 189 ms in one whose p50 was 50% above the others'; with 50 ms, 75-120 ms
+in four). The cost: a worker whose queue ran dry waits for the event loop to hand it the
+next call, so in a burst of small calls throughput drops a little, and without urgent calls
+the burst's groups wait longer (p99 250-380 ms in four runs where 64 samples gave 260-320 in
+six). One big call per worker is always allowed, so a batch keeps every worker busy: 32
+groups of 16 such checks on 8 workers took as long as with 64 samples per worker (1.31-1.34 s
+both)."""
+
+CHECK_S_WEIGHT = 0.2
+"""Weight of a call's mean check time in its verifier's running estimate (an exponential
+moving average: a verifier whose checks grow slower is followed within a few calls)."""
 
 CHUNK_SAMPLES = 64
 """Most samples of one pebble task (a bigger call of a verifier that is not group-level is
@@ -195,9 +221,12 @@ class EmbeddedExecutor(Executor):
         self._pending: dict[asyncio.Future, _Task] = {}
         """Every call in pebble and not yet settled (guarded by ``_lock``: the result
         thread starts calls too)."""
-        self._fair: FairQueue[_Task] = FairQueue(pool_size * IN_PEBBLE_PER_WORKER,
-                                                 by_cost=True)
-        """Calls beyond ``pool_size`` wait here, fairly per flow (:mod:`~rewardd.workers.fairness`)."""
+        self._fair: FairQueue[_Task] = FairQueue(pool_size * IN_PEBBLE_S_PER_WORKER,
+                                                 floor=pool_size)
+        """Calls beyond :data:`IN_PEBBLE_S_PER_WORKER` wait here, fairly per flow
+        (:mod:`~rewardd.workers.fairness`); units: estimated seconds (:meth:`_units`)."""
+        self._check_s: dict[str, float] = {}
+        """Per verifier, the running estimate of one check's duration (in the loop)."""
         self._watchdog: asyncio.Task | None = None
 
     def _new_pool(self) -> pebble.ProcessPool:
@@ -212,9 +241,10 @@ class EmbeddedExecutor(Executor):
         cancelled job frees the pool at once; the pool itself keeps serving.
 
         The calls are one flow (:func:`~rewardd.workers.fairness.current_flow`: the request
-        the service is serving); at most ``pool_size`` calls of all flows are in pebble at
-        once, the others wait in the fair queue. A call of more than :data:`CHUNK_SAMPLES`
-        samples of a verifier that is not group-level runs as several chunks.
+        the service is serving); at most :data:`IN_PEBBLE_S_PER_WORKER` of checks per
+        worker (estimated) are in pebble at once, the others wait in the fair queue. A call
+        of more than :data:`CHUNK_SAMPLES` samples of a verifier that is not group-level runs
+        as several chunks.
 
         The calls start :data:`START_SLICE` at a time with a turn of the event loop between
         slices: starting 10^5 at once queued 10^5 callbacks ahead of every other request."""
@@ -269,7 +299,8 @@ class EmbeddedExecutor(Executor):
         task = _Task(call, result)
         self._live_pool()  # every new call checks the pool (module docstring)
         try:
-            task.ticket, admitted = self._fair.submit(flow, len(call.samples), task)
+            task.ticket, admitted = self._fair.submit(flow, len(call.samples), task,
+                                                      self._units(call))
         except QueueClosed:
             result.set_result(_all_failed(call, _closed_outcome(), 0.0))
             return result
@@ -316,9 +347,26 @@ class EmbeddedExecutor(Executor):
         except RuntimeError:  # the loop is closed: nobody waits, but free the slot
             self._start(self._settle(task, items))
 
+    def _units(self, call: VerifyCall) -> float:
+        """What ``call`` takes of the fair queue's capacity: its estimated seconds in a
+        worker, each check counted at least the share of :data:`IN_PEBBLE_PER_WORKER`."""
+        least = IN_PEBBLE_S_PER_WORKER / IN_PEBBLE_PER_WORKER
+        return len(call.samples) * max(self._check_s.get(call.verifier, 0.0), least)
+
+    def _learn(self, call: VerifyCall, items: list[ItemResult]) -> None:
+        """Fold a finished call's mean check time into its verifier's estimate."""
+        if not items:
+            return
+        mean = sum(item.elapsed_s for item in items) / len(items)
+        known = self._check_s.get(call.verifier)
+        self._check_s[call.verifier] = mean if known is None else \
+            known + CHECK_S_WEIGHT * (mean - known)
+
     def _done_in_loop(self, task: _Task, items: list[ItemResult] | None) -> None:
         with self._lock:
             self._pending.pop(task.result, None)
+        if items is not None:
+            self._learn(task.call, items)
         _set_if_pending(task.result, items)
         if task.ticket is not None:
             self._start(self._fair.release(task.ticket))

@@ -1,6 +1,7 @@
 """Benchmark: streaming sessions against one batch call after the last rollout (issue #18).
 
     .venv/bin/python tests/benchmarks/bench_stream.py [--pool-size 8] [--seed 0] [--json out.json]
+    .venv/bin/python tests/benchmarks/bench_stream.py --compare --seed 0,1 --pool-size 8,16
 
 A simulated generator emits 512 rollouts in 32 groups of 16 over 10 s: each rollout's finish
 time is drawn from a lognormal (sigma 1, the long tail of generation lengths), scaled so the
@@ -18,6 +19,13 @@ Reported: the reward phase, from the last rollout's finish to the last group's a
 estimators), against the batch call's duration; and the delay from each group's last rollout
 to its ``group`` event (p50, p99), both from the moment the generator finished the rollout. Targets: the streaming reward phase under 10% of the
 batch's; p99 group delay under 100 ms plus one verification (20 ms).
+
+``--compare`` measures where the group delay goes: for each seed and pool size, one fresh
+server per variant of the scheduling (:data:`VARIANTS`: the executor's queueing before the p99
+work; its shallow pebble alone; with urgent calls and their groups), one after the other on
+the same machine. A variant is set in the server by loading this module as a plugin with
+``BENCH_STREAM_VARIANT`` set (:func:`_variant`); the plain run loads nothing of it and
+measures the server as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import json
+import os
 import statistics
 import sys
 import time
@@ -44,6 +54,64 @@ SENDERS = 4
 """Posts in flight at once; each takes every rollout that finished since the last one."""
 REWARDS = [{"name": "r", "verifier": "test_delay", "params": {"seconds": CHECK_S}}]
 ADVANTAGE = {"estimator": "grpo", "output": "dense"}
+
+VARIANT_ENV = "BENCH_STREAM_VARIANT"
+VARIANTS = {
+    "before": "pebble is handed 64 samples per worker whatever they cost; no urgent calls",
+    "shallow": "pebble is handed IN_PEBBLE_S_PER_WORKER of checks per worker (the rest "
+               "wait in the fair queue); no urgent calls",
+    "after": "shallow; the checks that complete a group go first in their session's flow, "
+             "with the group's earlier checks still waiting",
+}
+"""What ``--compare`` runs, in order: each adds one change to the one before."""
+
+
+def _variant(name: str) -> None:
+    """In the server (this module loaded as a plugin): take back what ``name`` leaves out.
+
+    ``after`` needs each session check's group in its flow; the sessions' ``_verify`` is
+    wrapped to supply it (the group of the document it checks) where the server does not
+    pass it itself."""
+    from rewardd.service.sessions import manager
+    from rewardd.workers import embedded, fairness
+
+    group_of: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_group",
+                                                                         default=None)
+    plain_flow, plain_verify = fairness.flow, manager.SessionManager._verify
+
+    @contextlib.contextmanager
+    def flow(tenant: str | None = None, flow_id: str | None = None, urgent: bool = False,
+             group: str | None = None) -> Any:
+        urgent = urgent and name == "after"
+        group = (group or group_of.get()) if name == "after" else None
+        with plain_flow(tenant, flow_id, urgent, group) as current:
+            yield current
+
+    async def verify(self: Any, sid: str, tenant: str, spec: Any, specs: Any,
+                     doc: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        token = group_of.set(doc["group_id"])
+        try:
+            return await plain_verify(self, sid, tenant, spec, specs, doc, *args, **kwargs)
+        finally:
+            group_of.reset(token)
+
+    fairness.flow = flow  # type: ignore[assignment]
+    manager.SessionManager._verify = verify  # type: ignore[method-assign]
+    if name == "before":
+        plain_init = embedded.EmbeddedExecutor.__init__
+
+        def init(self: Any, pool_size: int, plugins: Any = ()) -> None:
+            plain_init(self, pool_size, plugins)
+            self._fair = fairness.FairQueue(pool_size * embedded.IN_PEBBLE_PER_WORKER,
+                                            by_cost=True)
+
+        embedded.EmbeddedExecutor.__init__ = init  # type: ignore[method-assign]
+        embedded.EmbeddedExecutor._units = (  # type: ignore[method-assign]
+            lambda self, call: len(call.samples))
+
+
+if os.environ.get(VARIANT_ENV) in VARIANTS and "rewardd.service.app" in sys.modules:
+    _variant(os.environ[VARIANT_ENV])  # the API server (not its workers) loading the plugin
 
 
 def generate(seed: int) -> list[tuple[float, str, dict[str, Any]]]:
@@ -153,20 +221,61 @@ async def batch(url: str, plan: list[tuple[float, str, dict[str, Any]]]) -> dict
         return {"reward_phase_s": time.perf_counter() - start}
 
 
+def measure(seed: int, pool_size: int, variant: str | None = None,
+            url: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(streaming, batch) of one fresh server (or ``url``), with ``variant`` set in it."""
+    plan = generate(seed)
+    plugins = "tests.plugins.stream" + (",tests.benchmarks.bench_stream" if variant else "")
+    env = {VARIANT_ENV: variant} if variant else None
+    with (contextlib.nullcontext(url) if url else running_server(
+            "--pool-size", str(pool_size), "--plugins", plugins, env=env)) as base:
+        asyncio.run(batch(base, plan[:SIZE]))  # warm-up of the pool (not measured)
+        stream = asyncio.run(streaming(base, plan))
+        whole = asyncio.run(batch(base, plan))
+    return stream, whole
+
+
+def compare(seeds: list[int], pools: list[int], json_path: Path | None) -> None:
+    """Every variant for every seed and pool size, one table."""
+    print(f"512 rollouts, {GROUPS} groups of {SIZE}, {CHECK_S * 1000:.0f} ms per check; "
+          "variants:\n")
+    for name, text in VARIANTS.items():
+        print(f"* {name}: {text}")
+    print("\n| seed | pool | variant | p50 (ms) | p99 (ms) | max (ms) | reward phase, "
+          "streaming (ms) | batch (ms) |\n|---|---|---|---|---|---|---|---|")
+    out = []
+    for seed in seeds:
+        for pool in pools:
+            for name in VARIANTS:
+                stream, whole = measure(seed, pool, name)
+                print(f"| {seed} | {pool} | {name} | {stream['group_delay_p50_ms']:.0f} | "
+                      f"{stream['group_delay_p99_ms']:.0f} | "
+                      f"{stream['group_delay_max_ms']:.0f} | "
+                      f"{stream['reward_phase_s'] * 1000:.0f} | "
+                      f"{whole['reward_phase_s'] * 1000:.0f} |", flush=True)
+                out.append({"seed": seed, "pool_size": pool, "variant": name,
+                            "streaming": stream, "batch": whole})
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pool-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool-size", default="8", help="with --compare: a comma list")
+    parser.add_argument("--seed", default="0", help="with --compare: a comma list")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--url", help="a running server (with --plugins tests.plugins.stream) "
                         "instead of starting one")
+    parser.add_argument("--compare", action="store_true",
+                        help="every variant of the scheduling (VARIANTS) for each of the "
+                        "comma-separated --seed and --pool-size values")
     args = parser.parse_args()
-    plan = generate(args.seed)
-    with (contextlib.nullcontext(args.url) if args.url else running_server(
-            "--pool-size", str(args.pool_size), "--plugins", "tests.plugins.stream")) as url:
-        asyncio.run(batch(url, plan[:SIZE]))  # warm-up of the pool (not measured)
-        stream = asyncio.run(streaming(url, plan))
-        whole = asyncio.run(batch(url, plan))
+    if args.compare:
+        compare([int(x) for x in args.seed.split(",")],
+                [int(x) for x in args.pool_size.split(",")], args.json)
+        return
+    args.seed, args.pool_size = int(args.seed), int(args.pool_size)
+    stream, whole = measure(args.seed, args.pool_size, url=args.url)
     ratio = stream["reward_phase_s"] / whole["reward_phase_s"]
     target_ms = 100 + 1000 * CHECK_S
     rows = [

@@ -15,7 +15,8 @@ import pytest
 
 import tests.plugins.faulty  # noqa: F401 - registers the test verifiers in this process
 from rewardd.verifiers.base import Sample
-from rewardd.workers.embedded import CHUNK_SAMPLES, IN_PEBBLE_PER_WORKER, EmbeddedExecutor
+from rewardd.workers.embedded import (CHUNK_SAMPLES, IN_PEBBLE_PER_WORKER, IN_PEBBLE_S_PER_WORKER,
+                                      EmbeddedExecutor)
 from rewardd.workers.executor import VerifyCall
 from rewardd.workers.fairness import flow
 from tests.support.jobs import wait_until
@@ -61,7 +62,9 @@ def test_a_small_request_starts_before_most_of_a_big_ones_calls(
         executor: EmbeddedExecutor) -> None:
     started = record(executor)
     capacity = executor._fair.capacity
-    assert capacity == 2 * IN_PEBBLE_PER_WORKER == 2 * CHUNK_SAMPLES  # 2 chunks in pebble
+    # 2 chunks in pebble: before any estimate a check counts its share of 64 per worker
+    assert capacity == 2 * IN_PEBBLE_S_PER_WORKER == 2 * executor._units(chunk("x"))
+    assert IN_PEBBLE_PER_WORKER == CHUNK_SAMPLES
 
     async def main() -> tuple[list[Any], list[Any]]:
         with flow("t1"):
@@ -160,3 +163,27 @@ def test_close_settles_the_waiting_calls_unavailable(executor: EmbeddedExecutor)
     assert [r.items[0].outcome.error.value for r in results] == ["unavailable"] * 12
     assert all(item.outcome.error.value == "unavailable" for r in results for item in r.items)
     assert executor._fair.waiting == 0
+
+
+def test_slow_checks_wait_in_the_fair_queue_where_an_urgent_call_overtakes_them(
+        executor: EmbeddedExecutor) -> None:
+    """Once the executor has seen a verifier's checks take 0.1 s, pebble gets one such call
+    per worker (the floor; 2 x 0.1 s is over the 2 x 25 ms capacity) and the rest wait in the
+    fair queue, so the session's urgent call starts next, not behind its bulk."""
+    async def main() -> tuple[list[Any], list[Any]]:
+        await asyncio.wait_for(executor.run([sleeper("learn0"), sleeper("learn1")]), HANG_S)
+        assert executor._units(sleeper("x")) >= 0.09
+        started.clear()
+        with flow("t1", "session-1"):
+            bulk = asyncio.create_task(executor.run([sleeper(f"a{i}", 0.5)
+                                                     for i in range(10)]))
+        await wait_until(lambda: executor._fair.waiting == 8, "the queue to fill")
+        with flow("t1", "session-1", urgent=True, group="q0"):
+            urgent = await asyncio.wait_for(executor.run([sleeper("u")]), HANG_S)
+        return urgent, await asyncio.wait_for(bulk, HANG_S)
+
+    started = record(executor)
+    urgent, bulk = asyncio.run(main())
+    assert [r.items[0].outcome.reward for r in urgent + bulk] == [1.0] * 11
+    assert started[:2] == ["a0", "a1"] and started[2] == "u", started
+    assert executor.describe()["fair_queue"]["in_use"] == 0

@@ -209,3 +209,86 @@ def test_the_flow_is_a_context_variable_inherited_by_tasks() -> None:
     assert current_flow() is DEFAULT_FLOW
     with flow("t2") as one, flow("t2") as other:
         assert one.id != other.id and current_flow() is other
+
+
+def test_urgent_calls_go_first_within_their_flow_never_before_another_flows_turn() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1)
+    running = list(queue.submit(C, 1, "c")[1])  # V 0
+    for i in range(3):
+        queue.submit(A, 1, f"a{i}")  # A waits from S 0
+    for i in range(2):
+        queue.submit(B, 1, f"b{i}")  # B waits from S 0
+    queue.submit(Flow("a", "t1", urgent=True, group="g"), 1, "a-urgent")  # A's head, S 0
+    # S 0: b0 (arrived before a-urgent), a-urgent; S 1: a0 (arrived before b1), b1; then A
+    assert drain(queue, running) == ["c", "b0", "a-urgent", "a0", "b1", "a1", "a2"]
+
+
+def test_an_urgent_call_is_charged_to_its_flow_like_any_other() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1)
+    running = list(queue.submit(C, 1, "c")[1])
+    urgent = Flow("a", "t1", urgent=True, group="g")
+    for i in range(3):
+        queue.submit(urgent, 1, f"u{i}")  # S 0, 1, 2
+        queue.submit(B, 1, f"b{i}")  # S 0, 1, 2: urgency buys A no share of B's
+    assert drain(queue, running) == ["c", "u0", "b0", "u1", "b1", "u2", "b2"]
+
+
+def test_an_urgent_call_of_a_group_takes_the_groups_waiting_calls_with_it() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1)
+    running = list(queue.submit(C, 1, "c")[1])
+    tickets = {name: queue.submit(Flow("a", "t1", group=group), 1, name)[0]
+               for name, group in (("x1", "g1"), ("y1", "g2"), ("x2", "g1"), ("y2", "g2"),
+                                   ("z1", "g3"), ("y3", "g2"), ("n1", None))}
+    queue.submit(Flow("a", "t1", urgent=True, group="g2"), 1, "y-last")
+    assert queue.cancel(tickets["y3"])  # a promoted call can still be dropped
+    assert queue.stats()["waiting_calls"] == 7
+    # g2's calls in arrival order, then its urgent one, then the others as they came
+    assert drain(queue, running) == ["c", "y1", "y2", "y-last", "x1", "x2", "z1", "n1"]
+    assert queue._finish == {} and queue._active == {} and queue.stats()["waiting_flows"] == 0
+
+
+def test_promotion_stays_within_the_flow() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1)
+    running = list(queue.submit(C, 1, "c")[1])
+    queue.submit(Flow("b", "t2", group="g"), 1, "b-g")  # another flow's group of that name
+    queue.submit(Flow("a", "t1", group="h"), 1, "a-h")
+    queue.submit(Flow("a", "t1", group="g"), 1, "a-g")
+    queue.submit(Flow("a", "t1", urgent=True, group="g"), 1, "a-last")
+    # B's call keeps its turn (S 0, first to arrive); A: a-g, a-last before a-h
+    assert drain(queue, running) == ["c", "b-g", "a-g", "a-last", "a-h"]
+
+
+def test_floor_calls_run_whatever_their_units_then_the_capacity_binds() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1.0, floor=2)
+    big0 = queue.submit(A, 16, "big0", units=5.0)[1][0]  # alone over the capacity: runs
+    big1 = queue.submit(A, 16, "big1", units=5.0)[1][0]  # the floor's second call: runs
+    assert names(queue.submit(A, 16, "big2", units=5.0)[1]) == []  # S 32
+    small0 = queue.submit(B, 1, "small0", units=0.25)[0]  # S 16: the head, waits
+    small1 = queue.submit(B, 1, "small1", units=0.25)[0]  # S 17
+    assert queue.stats()["in_use"] == 10.0 and small0.state == "waiting"
+    # one call under the floor again: the head goes, whatever the units in use (5.25)
+    assert names(queue.release(big0)) == ["small0"]
+    # under the floor: small1 goes; then big2 would make 5.5 > 1 with two running
+    assert names(queue.release(big1)) == ["small1"]
+    [c] = queue.submit(C, 1, "c", units=0.1)[1]  # S 17 < big2's 32, and fits: 0.6
+    assert c.item == "c" and queue.release(c) == []  # big2 still does not fit (5.5)
+    [big2] = queue.release(small0)  # under the floor
+    assert big2.item == "big2" and queue.stats()["in_use"] == 5.25
+    assert queue.release(small1) == [] and queue.release(big2) == []
+    assert queue.stats() == {"waiting_calls": 0, "waiting_flows": 0, "running_calls": 0,
+                             "in_use": 0, "capacity": 1.0}
+
+
+def test_urgent_and_group_ride_with_the_flow_and_keep_its_id() -> None:
+    with flow("t1", "sess-1", urgent=True, group="q7") as mine:
+        assert current_flow() == mine == Flow("sess-1", "t1", urgent=True, group="q7")
+    with flow("t1", "sess-1") as plain:
+        assert plain == Flow("sess-1", "t1") and not plain.urgent and plain.group is None
+
+
+def test_an_urgent_call_without_a_group_waits_as_any_other() -> None:
+    queue: FairQueue[str] = FairQueue(capacity=1)
+    running = list(queue.submit(C, 1, "c")[1])
+    queue.submit(Flow("a", "t1", group="g"), 1, "a-g")
+    queue.submit(Flow("a", "t1", urgent=True), 1, "a-urgent")  # its group's calls unknown
+    assert drain(queue, running) == ["c", "a-g", "a-urgent"]
