@@ -507,8 +507,9 @@ class SessionManager:
                             pipeline.call_timeout(s.timeout_s, self.settings),
                             context.for_group(doc["group_id"]) if whole else None)
                  for s in specs]
-        # the session is one flow of the fair queue (its urgent checks: see fairness.flow)
-        with fairness.flow(tenant, sid, urgent=urgent):
+        # the session is one flow of the fair queue; the checks that complete a group go first
+        # within its share, taking their group's waiting checks along (fairness.flow)
+        with fairness.flow(tenant, sid, urgent=urgent, group=doc["group_id"]):
             results = await pipeline.run_calls(calls, self.state.executor)
         return {r["id"]: {s.name: results[k].items[i].outcome.to_dict()
                           for k, s in enumerate(specs)} for i, r in enumerate(rollouts)}
