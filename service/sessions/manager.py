@@ -173,10 +173,10 @@ class SessionManager:
         """Take rollouts (the /v1/score ``groups`` shape, partial); their checks start now.
         ``{"accepted", "duplicates"}``. 404 unknown session, 409 a session or group that is
         no longer open or a resent rollout with other content, 422 bad input, 429 limits."""
-        taken = await self.add_rollouts(tenant, session_id, groups)
-        total = sum(len(g["rollouts"]) if isinstance(g, dict) else len(g.rollouts)
-                    for g in (groups.groups if isinstance(groups, SessionRollouts)
-                              else groups))
+        body = groups if isinstance(groups, SessionRollouts) else _parse(
+            SessionRollouts, {"groups": list(groups)})
+        taken = await self.add_rollouts(tenant, session_id, body)
+        total = sum(len(g.rollouts) for g in body.groups)
         return {"accepted": len(taken), "duplicates": total - len(taken)}
 
     async def add_rollouts(self, tenant: Tenant | str, session_id: str,
@@ -646,6 +646,7 @@ class SessionManager:
         if await self.store.update_record(sid, finish):
             await self.store.finish(sid, record["tenant"])
             self._specs.pop(sid, None)
+            self._pruned.pop(sid, None)
             self._notify(sid)
         return True
 
@@ -662,6 +663,7 @@ class SessionManager:
         if record is not None and await self.store.update_record(sid, end):
             await self.store.finish(sid, record["tenant"])
             self._specs.pop(sid, None)
+            self._pruned.pop(sid, None)
             for task in list(self._tasks.get(sid, ())):
                 task.cancel()
             self._notify(sid)
@@ -709,26 +711,30 @@ class SessionManager:
             for gid in await self.store.due(sid, now):
                 await self.store.set_deadline(sid, gid, None)
                 await self._close_group(sid, spec, gid, "timeout")
-            if record.get("standing") and now - self._pruned.get(sid, 0.0) >= 1.0:
-                self._pruned[sid] = now
-                await self._prune(sid, now)
-            if orphans:
-                await self._resume(sid, record, spec)
-                if record["state"] == CLOSING:
-                    await self._finish_closing(sid)
+            prune = record.get("standing") and now - self._pruned.get(sid, 0.0) >= 1.0
+            if prune or orphans:
+                docs = await self.store.groups(sid)  # one read for both passes
+                if prune:
+                    self._pruned[sid] = now
+                    await self._prune(sid, docs, now)
+                if orphans:
+                    await self._resume(sid, record, spec, docs)
+                    if record["state"] == CLOSING:
+                        await self._finish_closing(sid)
         if orphans:
             await self.store.reap()
 
-    async def _prune(self, sid: str, now: float) -> None:
+    async def _prune(self, sid: str, docs: dict[str, dict[str, Any]], now: float) -> None:
         """A standing session forgets its groups :data:`STANDING_KEEP_S` after they
         completed (their waiters have read them by then)."""
-        docs = await self.store.groups(sid)
         old = [gid for gid, d in docs.items()
                if d["state"] == "done" and d.get("done_at", now) < now - STANDING_KEEP_S]
         await self.store.drop_groups(sid, old)
 
-    async def _resume(self, sid: str, record: dict[str, Any], spec: SessionSpec) -> None:
-        docs = [d for d in (await self.store.groups(sid)).values() if d["state"] != "done"]
+    async def _resume(self, sid: str, record: dict[str, Any], spec: SessionSpec,
+                      every: dict[str, dict[str, Any]]) -> None:
+        """Claim and re-run the checks of the session's groups (``every``) whose pod died."""
+        docs = [d for d in every.values() if d["state"] != "done"]
         owners = {r["owner"] for d in docs for r in d["rollouts"] if not r["checked"]}
         owners |= {d["whole_owner"] for d in docs if d["whole_owner"] and not d["whole_done"]}
         dead = owners - await self.store.alive(owners) - {self.owner}
