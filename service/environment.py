@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from pydantic import AliasChoices, ValidationError
 
+from rewardd.service.compat.config import CompatConfigInvalid, validated_compat_config
 from rewardd.service.settings import Settings
 
 PREFIX = "REWARDD_"
@@ -132,4 +133,9 @@ def load_settings(settings_cls: type[Settings] = Settings) -> Settings:
         raise ConfigError(lines + invalid_values(exc, environ, settings_cls)) from None
     if lines:
         raise ConfigError(lines)
+    if settings.compat_config:  # the components a trainer protocol will run
+        try:
+            validated_compat_config(settings)
+        except CompatConfigInvalid as exc:
+            raise ConfigError([str(exc)]) from None
     return settings

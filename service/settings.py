@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field
 
 from rewardd.workers.settings import WorkerSettings
 
@@ -87,16 +87,8 @@ class Settings(WorkerSettings):
         "NeMo-Gym /verify): a JSON/YAML file or inline JSON choosing the reward components, "
         "how a label maps to a reference, group size and timeout, group advantages and "
         "per-protocol options (see service/compat/config.py). Unset: the math verifier, "
-        "the label as the answer, each sample on its own.")
-
-    @model_validator(mode="after")
-    def _compat_config_is_usable(self) -> "Settings":
-        # at startup, with the reason: a bad file must stop `rewardd serve`, not a trainer
-        if self.compat_config:
-            from rewardd.service.compat.config import validated_compat_config
-
-            validated_compat_config(self)
-        return self
+        "the label as the answer, each sample on its own. Checked when the settings load "
+        "and when the app is built: a bad one stops `rewardd serve`, not a trainer.")
 
     shutdown_grace_s: float = Field(
         25.0, gt=0, le=3600, description="On SIGTERM, how long `rewardd serve` lets requests "

@@ -22,6 +22,7 @@ the same models as ``/v1/score``'s ``rewards`` and ``advantage``.
 
 from __future__ import annotations
 
+import importlib
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -29,8 +30,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
+from rewardd.advantages.errors import RequestInvalid
 from rewardd.advantages.models import Contract, Name
-from rewardd.service.models import AdvantageSpec, RewardSpec
+from rewardd.service.models import AdvantageSpec, RewardSpec, ScoreRequest
+from rewardd.service.settings import Settings
+from rewardd.service.validation import validate_score
 
 LABEL = "{label}"
 """The placeholder of :attr:`CompatConfig.reference` that the sample's label replaces."""
@@ -176,15 +180,11 @@ def load_compat_config(source: str | None) -> CompatConfig:
     return config
 
 
-def check_compat_config(config: CompatConfig, settings: Any) -> None:
+def check_compat_config(config: CompatConfig, settings: Settings) -> None:
     """The components and advantage spec checked exactly as /v1/score checks them (verifier
     names and parameters, time limits, estimator and its parameters, the reference a label
     makes), on a one-sample probe; raises :class:`CompatConfigInvalid` naming the field.
-    Needs the verifier plugins imported (the settings validator does that first)."""
-    from rewardd.advantages.errors import RequestInvalid
-    from rewardd.service.models import ScoreRequest
-    from rewardd.service.validation import validate_score
-
+    Needs the verifier plugins imported (:func:`validated_compat_config` does that first)."""
     advantage = (config.group.advantage if config.group and config.group.advantage
                  else AdvantageSpec(output="none"))
     probe = ScoreRequest(groups=[{"group_id": "probe", "reference": {},
@@ -203,11 +203,11 @@ def check_compat_config(config: CompatConfig, settings: Any) -> None:
             raise CompatConfigInvalid(f"REWARDD_COMPAT_CONFIG: {reasons}") from None
 
 
-def validated_compat_config(settings: Any) -> CompatConfig:
+def validated_compat_config(settings: Settings) -> CompatConfig:
     """The settings' compat configuration, parsed and checked (plugins imported first, so
-    their verifiers count); raises :class:`CompatConfigInvalid`."""
-    import importlib
-
+    their verifiers count); raises :class:`CompatConfigInvalid`. Run when the process's
+    settings load (:func:`rewardd.service.environment.load_settings`: ``rewardd serve``
+    refuses to start) and when an app is built (:class:`.scorer.CompatScorer`)."""
     for module in settings.plugin_modules:
         importlib.import_module(module)
     config = load_compat_config(settings.compat_config)

@@ -1,20 +1,20 @@
-"""REWARDD_COMPAT_CONFIG is checked when the settings load: a file or inline JSON, and every
-bad field named with its reason (rewardd serve refuses to start on it)."""
+"""REWARDD_COMPAT_CONFIG is checked when the settings load and when the app is built: a file
+or inline JSON, and every bad field named with its reason (rewardd serve refuses to start on
+it)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from pydantic import ValidationError
-
-from rewardd.service.compat.config import CompatConfig, load_compat_config
+from rewardd.service.compat.config import (CompatConfig, CompatConfigInvalid,
+                                           load_compat_config, validated_compat_config)
 from rewardd.service.settings import Settings
 
 
 def refused(source: str) -> str:
-    with pytest.raises(ValidationError) as info:
-        Settings(compat_config=source)
+    with pytest.raises(CompatConfigInvalid) as info:
+        validated_compat_config(Settings(compat_config=source))
     return str(info.value)
 
 
