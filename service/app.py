@@ -19,16 +19,15 @@ from rewardd.service import __version__
 from rewardd.service.api import catalogue, compat, health, jobs, runs, score, sessions, verify
 from rewardd.service.codec import BodyError
 from rewardd.service.disconnect import CancelOnDisconnect
-from rewardd.service.jobs import install as install_jobs
-from rewardd.service.sessions import install as install_sessions
+from rewardd.service.errors import ServiceError
 from rewardd.service.logs import RequestContext
 from rewardd.service.metrics import MetricsMiddleware
 from rewardd.service.openapi import build_openapi
-from rewardd.service.limits import (STATE_RETRY_AFTER_S, Limiter, MemoryLimiter, RedisLimiter,
-                                    TenantBusy, state_errors, state_unavailable_detail)
-from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
+from rewardd.service.limits import STATE_RETRY_AFTER_S, state_errors, state_unavailable_detail
+from rewardd.service.runtime import start_executor
+from rewardd.service.services import build_services
+from rewardd.service.services import install as install_services
 from rewardd.service.settings import Settings, get_settings
-from rewardd.service.tenancy import load_keys
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.workers.executor import Executor
 
@@ -45,90 +44,44 @@ def load_plugins(settings: Settings) -> None:
         importlib.import_module(module)
 
 
-async def start_executor(settings: Settings) -> Executor:
-    """The executor the settings ask for: Celery workers when a broker is set, else an
-    embedded process pool."""
-    if settings.broker_url:
-        from rewardd.workers.distributed import CeleryExecutor
-
-        # Workers may start before or after the API: /readyz says when one answers.
-        return CeleryExecutor(settings)
-    from rewardd.workers.embedded import EmbeddedExecutor
-
-    executor = EmbeddedExecutor(settings.pool_size, settings.plugin_modules)
-    # Start the workers now, not on the first request (the forkserver imports sympy).
-    await executor.ready(wait_s=120.0)
-    return executor
-
-
-REDIS_CONNECTIONS = 128
-"""Connections of one API process to its shared-state Redis; more concurrent commands wait."""
-REDIS_CONNECTION_WAIT_S = 30.0
-"""How long a command waits for a free connection before it fails (a 503 with Retry-After)."""
-
-
-def shared_state(settings: Settings) -> tuple[Any, RunStore, Limiter]:
-    """(async Redis client or None, run store, tenant limiter): in Redis when
-    ``REWARDD_STATE_URL`` or the broker is set, so every API pod sees the same runs, jobs and
-    slots; else in this process."""
-    url = settings.state_redis_url
-    if not url:
-        return (None, MemoryRunStore(settings.run_state_ttl_s),
-                MemoryLimiter(settings.retry_after_s))
-    import redis
-    import redis.asyncio
-
-    options = {"socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 30,
-               "retry_on_timeout": True}
-    # redis-py's pool refuses the 101st concurrent command (MaxConnectionsError, a 503 to
-    # the client): hundreds of per-sample trainer requests in flight on one pod did that.
-    # A blocking pool queues them for a free connection instead.
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_CONNECTION_WAIT_S, **options)
-    client = redis.asyncio.Redis(connection_pool=pool)
-    runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
-    return client, runs, RedisLimiter(client, settings.retry_after_s)
-
-
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
     """The application. Without ``executor`` it starts (and stops) the one the settings
-    ask for (:func:`start_executor`)."""
+    ask for (:func:`rewardd.service.runtime.start_executor`)."""
     settings = settings or get_settings()
     load_plugins(settings)
     torch.set_num_threads(settings.torch_threads)
 
+    # a bad key file stops the start here, with the reason
+    services = build_services(settings, executor)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = services.runtime
         owned = executor is None
         if owned:
-            app.state.executor = await start_executor(settings)
-        await app.state.job_runner.start()  # resumes jobs whose API pod died (Redis store)
-        await app.state.sessions.start()  # group timeouts, idle sessions, a dead pod's checks
+            runtime.attach_executor(await start_executor(settings))
+        await services.jobs.runner.start()  # resumes jobs whose API pod died (Redis store)
+        await services.sessions.start()  # group timeouts, idle sessions, a dead pod's checks
         grpc_server = None
         if settings.grpc_port is not None:  # the same calls over gRPC, on this event loop
             from rewardd.service.grpc import server as grpc_api
 
-            grpc_server, app.state.grpc_port = await grpc_api.start(app.state, settings)
+            grpc_server, services.grpc_port = await grpc_api.start(services)
         try:
             yield
         finally:
             if grpc_server is not None:
                 await grpc_api.stop(grpc_server)
-            await app.state.job_runner.close()
-            await app.state.sessions.stop()
+            await services.jobs.runner.close()
+            await services.sessions.stop()
             if owned:
-                app.state.executor.close()
-            if app.state.redis is not None:
-                await app.state.redis.aclose()
+                runtime.executor.close()
+            if runtime.redis is not None:
+                await runtime.redis.aclose()
 
     app = FastAPI(title="rewardd", version=__version__, description=DESCRIPTION,
                   lifespan=lifespan)
-    app.state.settings = settings
-    app.state.executor = executor
-    app.state.keys = load_keys(settings)  # a bad key file stops the start, with the reason
-    app.state.redis, app.state.runs, app.state.limiter = shared_state(settings)
-    install_jobs(app)  # app.state.jobs (memory, or Redis like the runs) and job_runner
-    install_sessions(app)  # app.state.sessions (streaming sessions, stored like jobs)
+    install_services(app, services)
     for router in (score.router, jobs.router, sessions.router, verify.router, catalogue.router,
                    runs.router, compat.router, health.router):
         app.include_router(router)
@@ -145,10 +98,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: RequestInvalid) -> JSONResponse:
         return JSONResponse({"detail": exc.errors}, status_code=422)
 
-    @app.exception_handler(TenantBusy)
-    async def busy(_: Request, exc: TenantBusy) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=429,
-                            headers={"Retry-After": str(exc.retry_after_s)})
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        # every typed failure of the request logic, one mapping (gRPC: grpc.errors.status_of)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status,
+                            headers=exc.headers())
 
     async def state_down(_: Request, exc: Exception) -> JSONResponse:
         # Redis unreachable (tenant limiter, job store, run state, Celery publish): typed,

@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from rewardd.service import heavy
 from rewardd.service.gcpause import gc_paused
+from rewardd.service.tenancy import Tenant
 from rewardd.advantages.checks import pydantic_errors
 from rewardd.advantages.errors import Loc, RequestInvalid, error
 
@@ -171,14 +172,10 @@ def refuse_invalid_text(data: Any, wire: str) -> None:
         raise RequestInvalid([error(loc, f"string {why}", "string_unicode")])
 
 
-async def read_model(request: Request, model: type[M]) -> M:
-    """Read, decode and validate a request body; errors carry the field path under 'body'."""
-    limit = request.app.state.settings.max_body_bytes
-    setting = "REWARDD_MAX_BODY_BYTES"
-    tenant = getattr(request.state, "tenant", None)  # set by service.tenancy.current_tenant
-    if tenant is not None and tenant.max_body_bytes < limit:
-        limit, setting = tenant.max_body_bytes, f"max_body_bytes of tenant {tenant.name!r}"
-    body = await read_body(request, limit, setting)
+async def read_model(request: Request, model: type[M], tenant: Tenant) -> M:
+    """Read, decode and validate a request body under the tenant's body limit (a 413 names
+    the setting that made it); errors carry the field path under 'body'."""
+    body = await read_body(request, tenant.max_body_bytes, tenant.max_body_setting)
     # decoding and validating a large body takes seconds of CPU (a 10^5-group score: ~10 s
     # on the loop, /healthz stalled meanwhile): in a worker thread, like the answer's
     # encoding; a large one in the heavy lane (rewardd.service.heavy)

@@ -31,6 +31,7 @@ import contextlib
 import uuid
 from typing import Any, AsyncIterator
 
+from rewardd.service.errors import Busy
 from rewardd.service.tenancy import Tenant
 from rewardd.workers import fairness
 
@@ -44,17 +45,16 @@ SLOT_ROUTES = ("/v1/score", "/v1/rewards", "/v1/advantages", "/v1/verify/{verifi
 """Routes whose requests hold a tenant slot (a job holds one until it finishes)."""
 
 
-class TenantBusy(Exception):
-    """The tenant is at its limit; the route answers 429 with Retry-After."""
+class TenantBusy(Busy):
+    """The tenant is at its limit of work in flight; the route answers 429 with Retry-After."""
 
     def __init__(self, tenant: Tenant, retry_after_s: int) -> None:
         super().__init__(
             f"tenant {tenant.name!r} already has {tenant.max_concurrent_jobs} requests "
             "(score, rewards, advantages, verify) or jobs running (its limit); retry after "
             f"{retry_after_s} s, or ask the operator to raise max_concurrent_jobs "
-            "(REWARDD_TENANT_MAX_CONCURRENT_JOBS)")
-        self.tenant = tenant
-        self.retry_after_s = retry_after_s
+            "(REWARDD_TENANT_MAX_CONCURRENT_JOBS)", tenant=tenant.name,
+            retry_after_s=retry_after_s)
 
 
 class Limiter(abc.ABC):

@@ -15,7 +15,7 @@ Keys are compared by their SHA-256 digest (a dict lookup on a digest reveals not
 through timing, unlike comparing the keys themselves byte by byte), and never logged.
 
 GET /metrics describes every tenant's traffic (routes, verifier outcomes, judge spend), so it
-is guarded too (:func:`metrics_access`): by ``REWARDD_METRICS_TOKEN`` when set (a scrape
+is guarded too (:func:`metrics_token_valid`): by ``REWARDD_METRICS_TOKEN`` when set (a scrape
 credential of its own, which tenants' keys do not replace: a tenant need not see the others'
 traffic), else by the API keys when configured; open only on a server without either.
 """
@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 import orjson
-from fastapi import HTTPException, Request
 
-from rewardd.service.models import ErrorResponse
+from rewardd.service.errors import Unauthenticated
 from rewardd.service.settings import Settings
 
 DEFAULT_TENANT = "default"
@@ -48,6 +47,9 @@ class Tenant:
     (beyond: 429); see :mod:`rewardd.service.limits`."""
     max_body_bytes: int
     """Largest request body it may send (beyond: 413)."""
+    max_body_setting: str = field(default="REWARDD_MAX_BODY_BYTES", compare=False)
+    """What sets :attr:`max_body_bytes` (the server's setting, or the tenant's own lower
+    limit), named in a 413 so the caller knows whom to ask."""
 
 
 class KeysInvalid(ValueError):
@@ -80,11 +82,13 @@ def _tenant(name: str, limits: Mapping[str, Any], settings: Settings) -> Tenant:
                           "max_body_bytes)")
     jobs = limits.get("max_concurrent_jobs", settings.tenant_max_concurrent_jobs)
     body = limits.get("max_body_bytes", settings.max_body_bytes)
-    for field, value in (("max_concurrent_jobs", jobs), ("max_body_bytes", body)):
+    for limit, value in (("max_concurrent_jobs", jobs), ("max_body_bytes", body)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise KeysInvalid(f"tenant {name!r}: {field} must be a positive integer, "
+            raise KeysInvalid(f"tenant {name!r}: {limit} must be a positive integer, "
                               f"got {value!r}")
-    return Tenant(name, jobs, min(body, settings.max_body_bytes))
+    if body < settings.max_body_bytes:
+        return Tenant(name, jobs, body, f"max_body_bytes of tenant {name!r}")
+    return Tenant(name, jobs, settings.max_body_bytes)
 
 
 def load_keys(settings: Settings) -> KeyRing:
@@ -132,69 +136,46 @@ def _default_tenant(max_concurrent_jobs: int, max_body_bytes: int) -> Tenant:
     return Tenant(DEFAULT_TENANT, max_concurrent_jobs, max_body_bytes)
 
 
-def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def bearer(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (REST header or gRPC
+    metadata), or None."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
 
 
-def current_tenant(request: Request) -> Tenant:
-    """FastAPI dependency: the caller's tenant, or 401 when keys are configured and the
-    request carries no valid ``Authorization: Bearer <key>``."""
-    cached = getattr(request.state, "tenant", None)
-    if cached is not None:
-        return cached
-    state = request.app.state
-    ring: KeyRing = state.keys
-    if not ring.enabled:
-        settings: Settings = state.settings
-        tenant = _default_tenant(settings.tenant_max_concurrent_jobs, settings.max_body_bytes)
-    else:
-        token = bearer_token(request)
-        tenant = ring.lookup(token) if token is not None else None
-        if tenant is None:
-            reason = ("no `Authorization: Bearer <key>` header" if token is None
-                      else "the API key is not valid")
-            raise HTTPException(401, f"{reason}: this server requires an API key "
-                                "(ask its operator for one)",
-                                headers={"WWW-Authenticate": "Bearer"})
-    request.state.tenant = tenant
+def authenticate(keys: KeyRing, settings: Settings, token: str | None,
+                 missing: str = "no `Authorization: Bearer <key>` header") -> Tenant:
+    """The caller's tenant: ``default`` when no keys are configured, else the tenant of
+    ``token``; :class:`Unauthenticated` without a valid one (``missing`` says where the key
+    was looked for: a REST header, gRPC metadata). REST and gRPC both call this."""
+    if not keys.enabled:
+        return _default_tenant(settings.tenant_max_concurrent_jobs, settings.max_body_bytes)
+    tenant = keys.lookup(token) if token is not None else None
+    if tenant is None:
+        reason = missing if token is None else "the API key is not valid"
+        raise Unauthenticated(f"{reason}: this server requires an API key (ask its operator "
+                              "for one)")
     return tenant
 
 
-def metrics_access(request: Request) -> None:
-    """FastAPI dependency of GET /metrics: 401 unless the request carries the scrape token
-    (``REWARDD_METRICS_TOKEN`` set), or a valid API key (no token set, keys configured);
-    open without either setting."""
-    state = request.app.state
-    expected: str | None = state.settings.metrics_token
-    ring: KeyRing = state.keys
-    if not expected and not ring.enabled:
+def metrics_token_valid(keys: KeyRing, settings: Settings, token: str | None) -> None:
+    """Nothing when ``token`` opens GET /metrics: the scrape token when
+    ``REWARDD_METRICS_TOKEN`` is set, else any API key when keys are configured, else
+    anything; :class:`Unauthenticated` otherwise."""
+    expected = settings.metrics_token
+    if not expected and not keys.enabled:
         return
-    token = bearer_token(request)
     if token is not None:
         if expected:
             if hmac.compare_digest(_digest(token), _digest(expected)):
                 return
-        elif ring.lookup(token) is not None:
+        elif keys.lookup(token) is not None:
             return
     needs = ("the scrape token (REWARDD_METRICS_TOKEN; API keys do not open /metrics)"
              if expected else "an API key")
     reason = ("no `Authorization: Bearer <token>` header" if token is None
               else "the token is not valid")
-    raise HTTPException(401, f"{reason}: /metrics on this server needs {needs} (ask its "
-                        "operator)", headers={"WWW-Authenticate": "Bearer"})
-
-
-METRICS_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorResponse, "description": "REWARDD_METRICS_TOKEN or API keys are "
-          "configured and the request has no valid `Authorization: Bearer <token>`."}}
-"""Documented on GET /metrics (it depends on :func:`metrics_access`)."""
-
-
-AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorResponse, "description": "API keys are configured and the request "
-          "has no valid `Authorization: Bearer <key>`."}}
-"""Documented on every /v1 route (they all depend on :func:`current_tenant`)."""
+    raise Unauthenticated(f"{reason}: /metrics on this server needs {needs} (ask its "
+                          "operator)")

@@ -18,6 +18,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
+from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
 from rewardd.service.codec import read_model, render
 from rewardd.service.compat.config import CompatConfig
 from rewardd.service.compat.protocols import (NemoGymRequest, NemoGymResponse,
@@ -26,9 +27,9 @@ from rewardd.service.compat.protocols import (NemoGymRequest, NemoGymResponse,
                                               nemo_gym_samples, openrlhf_answer,
                                               openrlhf_samples, slime_answer, slime_samples)
 from rewardd.service.compat.samples import SampleIn
-from rewardd.service.compat.scoring import compat_config, score_samples
 from rewardd.service.models import ErrorResponse
-from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.services import ServicesDep, of_app
+from rewardd.service.tenancy import Tenant
 
 router = APIRouter(tags=["compat"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -47,11 +48,10 @@ class ConfiguredPathRoute(APIRoute):
     documented at its default: the path is server configuration, the router is built once."""
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        app = scope.get("app")
-        state = getattr(app, "state", None)
-        if scope.get("type") != "http" or state is None or not hasattr(state, "settings"):
+        services = of_app(scope.get("app"))
+        if scope.get("type") != "http" or services is None:
             return super().matches(scope)
-        configured = compat_config(state).slime.path
+        configured = services.compat.config.slime.path
         path = scope["path"][len(scope.get("root_path", "")):] if scope.get(
             "root_path") and scope["path"].startswith(scope["root_path"]) else scope["path"]
         if path != configured:
@@ -62,16 +62,17 @@ class ConfiguredPathRoute(APIRoute):
 @router.post("/get_reward", response_model=None, openapi_extra=body(OpenRLHFRequest),
              responses={**responses(OpenRLHFResponse), **ERRORS},
              summary="OpenRLHF remote reward (--reward.remote_url)")
-async def get_reward(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def get_reward(request: Request, services: ServicesDep,
+                     tenant: Tenant = Depends(current_tenant)) -> Response:
     """OpenRLHF's remote reward call: one reward per query (see REWARDD_COMPAT_CONFIG)."""
     box: list[OpenRLHFRequest] = []
 
     async def read(config: CompatConfig) -> list[SampleIn]:
-        box.append(await read_model(request, OpenRLHFRequest))
+        box.append(await read_model(request, OpenRLHFRequest, tenant))
         return openrlhf_samples(box[0], config)
 
-    samples, outs = await score_samples(request.app.state, tenant, "openrlhf", read)
-    return render(request, openrlhf_answer(samples, outs, compat_config(request.app.state)))
+    samples, outs = await services.compat.score(tenant, "openrlhf", read)
+    return render(request, openrlhf_answer(samples, outs, services.compat.config))
 
 
 slime = APIRouter(route_class=ConfiguredPathRoute)
@@ -80,31 +81,32 @@ slime = APIRouter(route_class=ConfiguredPathRoute)
 @slime.post("/slime/reward", response_model=None, openapi_extra=body(SlimeRequest),
             responses={**responses(SlimeResponse), **ERRORS},
             summary="slime remote reward (--rm-type remote_rm --rm-url)")
-async def slime_reward(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def slime_reward(request: Request, services: ServicesDep,
+                       tenant: Tenant = Depends(current_tenant)) -> Response:
     """slime's remote_rm call; the path is slime.path of REWARDD_COMPAT_CONFIG (this one by
     default), the reward is under slime.reward_key (`reward` by default)."""
     async def read(config: CompatConfig) -> list[SampleIn]:
-        return slime_samples(await read_model(request, SlimeRequest), config)
+        return slime_samples(await read_model(request, SlimeRequest, tenant), config)
 
-    _, [out] = await score_samples(request.app.state, tenant, "slime", read)
-    return render(request, slime_answer(out, compat_config(request.app.state)))
+    _, [out] = await services.compat.score(tenant, "slime", read)
+    return render(request, slime_answer(out, services.compat.config))
 
 
 @router.post("/verify", response_model=None, openapi_extra=body(NemoGymRequest),
              responses={**responses(NemoGymResponse), **ERRORS},
              summary="NeMo-Gym resources server verify")
-async def nemo_gym_verify(request: Request, tenant: Tenant = Depends(current_tenant)
-                          ) -> Response:
+async def nemo_gym_verify(request: Request, services: ServicesDep,
+                          tenant: Tenant = Depends(current_tenant)) -> Response:
     """NeMo-Gym's /verify: the request echoed with `reward` (and `reward_components` when
     there are several rewards)."""
     box: list[NemoGymRequest] = []
 
     async def read(config: CompatConfig) -> list[SampleIn]:
-        box.append(await read_model(request, NemoGymRequest))
+        box.append(await read_model(request, NemoGymRequest, tenant))
         return nemo_gym_samples(box[0], config)
 
-    _, [out] = await score_samples(request.app.state, tenant, "nemo_gym", read)
-    return render(request, nemo_gym_answer(box[0], out, compat_config(request.app.state)))
+    _, [out] = await services.compat.score(tenant, "nemo_gym", read)
+    return render(request, nemo_gym_answer(box[0], out, services.compat.config))
 
 
 router.include_router(slime)

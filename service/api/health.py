@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from rewardd.service import __version__, metrics
-from rewardd.service.tenancy import METRICS_AUTH_RESPONSES, metrics_access
+from rewardd.service.api.deps import METRICS_AUTH_RESPONSES, metrics_access
+from rewardd.service.services import ServicesDep
 from rewardd.verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
@@ -26,14 +27,14 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", summary="Readiness", responses={503: {"description": "Not ready."}})
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(services: ServicesDep) -> JSONResponse:
     """Ready when verifiers can run. Distributed: the broker answers and every queue of
     REWARDD_READY_QUEUES has a worker with a live heartbeat (no task is queued to find out, so
     a long batch never delays the answer); `executor.consumers_by_queue` and
     `executor.queues_without_consumer` list every routed queue. Embedded: a pool worker answers
     a round trip. When not ready, `reason` says why (the broker is unreachable, which queue has
     no live consumer, or the worker pool died and its replacement is starting)."""
-    executor = request.app.state.executor
+    executor = services.executor
     ready = await executor.ready(READY_WAIT_S)
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
     if not ready:
@@ -50,9 +51,9 @@ def sandbox_isolation() -> dict[str, object]:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             dependencies=[Depends(metrics_access)], responses=METRICS_AUTH_RESPONSES)
-def scrape(request: Request) -> Response:
+def scrape(services: ServicesDep) -> Response:
     # a plain def: FastAPI runs it in a worker thread, so the scrape-time reads (queue depth
     # from the broker, the jobs counter) never block the event loop
-    data, content_type = metrics.render(request.app.state.settings.prometheus_multiproc_dir,
-                                        getattr(request.app.state, "executor", None))
+    data, content_type = metrics.render(services.settings.prometheus_multiproc_dir,
+                                        services.runtime.started_executor)
     return Response(data, media_type=content_type)

@@ -52,33 +52,24 @@ keys of different tenants never meet.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import re
-import time
-import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import orjson
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
-from rewardd.service import pipeline
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
+from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
 from rewardd.service.codec import read_model, render, wants_msgpack
-from rewardd.advantages.errors import RequestInvalid, error
-from rewardd.service.gcpause import gc_paused
-from rewardd.service.jobs.store import FINAL, SUCCEEDED, Event, Job, JobStore, key_digest
+from rewardd.service.events import KEEP_ALIVE, sse
+from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick, JobService
+from rewardd.service.jobs.store import Job
 from rewardd.service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
-from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.services import ServicesDep
+from rewardd.service.tenancy import Tenant
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
-
-IDEMPOTENCY_KEY_MAX = 255
-STREAM_POLL_S = 0.25
-HEARTBEAT_S = 15.0
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No such job for this tenant (never existed, "
@@ -94,36 +85,11 @@ def _links(job_id: str) -> dict[str, str]:
     return {"status": f"/v1/jobs/{job_id}", "events": f"/v1/jobs/{job_id}/events"}
 
 
-def _encode(req: ScoreRequest) -> tuple[bytes, str]:
-    """(what the store keeps to re-run the job, digest of the request's meaning)."""
-    with gc_paused():
-        stored = req.model_dump_json(exclude_unset=True).encode()
-        canonical = orjson.dumps(req.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-    return stored, hashlib.sha256(canonical).hexdigest()
-
-
 def _submitted(request: Request, job: Job, status: int) -> Response:
     response = render(request, {"id": job.id, "state": job.state, "links": _links(job.id)},
                       status)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return response
-
-
-def _same_body(job: Job, digest: str) -> Job:
-    """``job``, which a submit's Idempotency-Key names; a 422 when its body differed."""
-    if job.digest != digest:
-        raise RequestInvalid([error(
-            ("header", "Idempotency-Key"),
-            f"this Idempotency-Key was already used for a different request body (job "
-            f"{job.id}); send a new key with a new body", "idempotency_key_reused")])
-    return job
-
-
-async def _own(request: Request, tenant: Tenant, job_id: str) -> Job:
-    job = await request.app.state.jobs.get_for(tenant.name, job_id)
-    if job is None:
-        raise HTTPException(404, f"no job {job_id!r}")
-    return job
 
 
 # One event of the stream, as OpenAPI 3.1 documents a text/event-stream (the schema of each
@@ -148,7 +114,8 @@ SSE_EVENT = {
                         202: {"model": JobSubmitted, "description": "Job created.",
                               "headers": {"Location": {"schema": {"type": "string"},
                                                        "description": "The job's URL."}}}})
-async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
+async def submit(request: Request, services: ServicesDep,
+                 tenant: Tenant = Depends(current_tenant),
                  idempotency_key: str | None = Header(
                      None, alias="Idempotency-Key", min_length=1,
                      max_length=IDEMPOTENCY_KEY_MAX,
@@ -156,54 +123,19 @@ async def submit(request: Request, tenant: Tenant = Depends(current_tenant),
                  ) -> Response:
     """Run a /v1/score body in the background; 202 with the job's id at once (200 with the
     existing job for a repeated `Idempotency-Key`)."""
-    req = await read_model(request, ScoreRequest)
-    job, created = await submit_job(request.app.state, tenant, req, idempotency_key)
+    req = await read_model(request, ScoreRequest, tenant)
+    job, created = await services.jobs.submit(tenant, req, idempotency_key)
     return _submitted(request, job, 202 if created else 200)
-
-
-async def submit_job(state: Any, tenant: Tenant, req: ScoreRequest,
-                     idempotency_key: str | None) -> tuple[Job, bool]:
-    """Check ``req``, take the tenant's slot and start its job: (the job, True), or (the
-    job an ``idempotency_key`` already named, False). The REST route and gRPC's SubmitJob
-    both call this."""
-    store: JobStore = state.jobs
-    await asyncio.to_thread(pipeline.check_request, req, state.settings)  # a 422 now, never a
-    # failed job; off the event loop like every CPU-heavy step (see service.pipeline)
-    try:
-        stored, digest = await asyncio.to_thread(_encode, req)
-    except Exception as exc:  # e.g. msgpack bytes that JSON cannot carry
-        raise RequestInvalid([error(("body",), f"the body cannot be stored as JSON for a "
-                                    f"job: {exc}")]) from None
-    idempotency = key_digest(idempotency_key) if idempotency_key is not None else None
-    if idempotency is not None:
-        existing = await store.find(tenant.name, idempotency)
-        if existing is not None:
-            return _same_body(existing, digest), False
-    job = Job(id=uuid.uuid4().hex, tenant=tenant.name, tenant_limit=tenant.max_concurrent_jobs,
-              total=sum(len(g.rollouts) for g in req.groups) * len(req.rewards),
-              created_at=time.time(), idempotency=idempotency, digest=digest)
-    await state.limiter.admit(tenant, job.id)  # 429: nothing created
-    runner = state.job_runner
-    try:
-        created = await store.create(job, stored, runner.owner)
-    except BaseException:
-        await state.limiter.release(tenant, job.id)
-        raise
-    if created.id != job.id:  # a concurrent submit with the same key won
-        await state.limiter.release(tenant, job.id)
-        return _same_body(created, digest), False
-    runner.launch(created, req)
-    return created, True
 
 
 @router.get("/jobs/{job_id}", response_model=None, summary="Job state, progress and result",
             responses={200: {"model": JobStatus, "content": msgpack_content(JobStatus)},
                        **NOT_FOUND})
-async def status(job_id: str, request: Request,
+async def status(job_id: str, request: Request, services: ServicesDep,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """The job's state and progress; `result` is the /v1/score response once succeeded."""
-    job = await _own(request, tenant, job_id)
-    raw = await request.app.state.jobs.result(job.id) if job.state == SUCCEEDED else None
+    job = await services.jobs.own(tenant, job_id)
+    raw = await services.jobs.result(job)
     view = job.view()
     if raw is None:
         return render(request, {**view, "result": None})
@@ -218,97 +150,22 @@ async def status(job_id: str, request: Request,
                responses={200: {"model": JobStatus, "description": "The job after the cancel "
                                 "(a finished job keeps its final state); `result` is null."},
                           **NOT_FOUND})
-async def cancel(job_id: str, request: Request,
+async def cancel(job_id: str, request: Request, services: ServicesDep,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """Cancel an active job (idempotent); answers the job's state afterwards."""
-    job = await cancel_job(request.app.state, await _own(request, tenant, job_id))
+    jobs = services.jobs
+    job = await jobs.cancel(await jobs.own(tenant, job_id))
     return render(request, {**job.view(), "result": None})
 
 
-async def cancel_job(state: Any, job: Job) -> Job:
-    """Cancel ``job`` if still active; the job afterwards (REST's DELETE and gRPC's
-    CancelJob)."""
-    if job.active:
-        job = await state.jobs.finish(job, "cancelled") or job
-        state.job_runner.cancel(job.id, "cancelled")  # this pod's runner at once; others
-        # notice at their next lease renewal
-    return job
-
-
-_EVENT_ID = re.compile(r"[0-9]{1,19}")
-
-
-async def resume_after(store: JobStore, job_id: str, header: str | None,
-                       loc: tuple[str, ...] = ("header", "Last-Event-ID")) -> int:
-    """The event id a ``Last-Event-ID`` header resumes after (0 without one); a 422 naming
-    the header unless it is an id the job's stream has sent."""
-    text = (header or "").strip()
-    if not text:
-        return 0
-    last = await store.last_event(job_id)
-    if _EVENT_ID.fullmatch(text) is None or int(text) > last:
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise RequestInvalid([error(
-            loc, f"must be the id of an event this job's stream has "
-            f"sent: an integer from 0 to {last} (its latest event so far); got {shown!r}. "
-            "Omit the header to read the stream from its start")])
-    return int(text)
-
-
-@dataclass(frozen=True, slots=True)
-class JobProgressTick:
-    """Progress of a running job, as a stream reports it between events."""
-
-    done: int
-    total: int
-
-
-def _sse(event_id: int | None, kind: str, data: bytes) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\n".encode() + b"data: " + data + b"\n\n"
-
-
-async def job_events(store: JobStore, job_id: str, after: int,
-                     heartbeat_s: float | None = None
-                     ) -> AsyncIterator[Event | JobProgressTick | None]:
-    """The job's stored events after ``after`` as they happen, a :class:`JobProgressTick`
-    when progress changed between them, ``None`` after ``heartbeat_s`` (default
-    :data:`HEARTBEAT_S`) of silence; ends
-    after the terminal event (or at once for a job that expired or already ended). The SSE
-    stream and gRPC's WatchJob both read this."""
-    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-    loop = asyncio.get_running_loop()
-    quiet_since = loop.time()
-    last_progress: tuple[int, int] | None = None
-    while True:
-        job = await store.get(job_id)  # before the events: a final state read here has its
-        events = await store.events(job_id, after)  # terminal event in this read
-        for event in events:
-            yield event
-            after = event.seq
-            quiet_since = loop.time()
-            if event.kind in FINAL:
-                return
-        if job is None or job.state in FINAL:  # expired, or the client saw the end already
-            return
-        if (job.done, job.total) != last_progress:
-            last_progress = (job.done, job.total)
-            yield JobProgressTick(job.done, job.total)
-            quiet_since = loop.time()
-        elif loop.time() - quiet_since >= heartbeat_s:
-            yield None
-            quiet_since = loop.time()
-        await asyncio.sleep(STREAM_POLL_S)
-
-
-async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[bytes]:
-    async for item in job_events(store, job_id, after):
+async def _stream(jobs: JobService, job_id: str, after: int) -> AsyncIterator[bytes]:
+    async for item in jobs.watch(job_id, after):
         if item is None:
-            yield b": keep-alive\n\n"
+            yield KEEP_ALIVE
         elif isinstance(item, JobProgressTick):
-            yield _sse(None, "progress", orjson.dumps({"done": item.done, "total": item.total}))
+            yield sse(None, "progress", orjson.dumps({"done": item.done, "total": item.total}))
         else:
-            yield _sse(item.seq, item.kind, item.data)
+            yield sse(item.seq, item.kind, item.data)
 
 
 @router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
@@ -318,14 +175,16 @@ async def _stream(store: JobStore, job_id: str, after: int) -> AsyncIterator[byt
                              "jobs documentation).",
                              "content": {"text/event-stream": {"schema": SSE_EVENT}}},
                        **NOT_FOUND, **BAD_EVENT_ID})
-async def events(job_id: str, request: Request, tenant: Tenant = Depends(current_tenant),
+async def events(job_id: str, services: ServicesDep,
+                 tenant: Tenant = Depends(current_tenant),
                  last_event_id: str | None = Header(
                      None, alias="Last-Event-ID",
                      description="Resume after this event id (the stream's `id:` lines).")
                  ) -> StreamingResponse:
     """Events of the job as they happen; resumable with `Last-Event-ID`."""
-    job = await _own(request, tenant, job_id)
-    after = await resume_after(request.app.state.jobs, job.id, last_event_id)
-    return StreamingResponse(_stream(request.app.state.jobs, job.id, after),
+    jobs = services.jobs
+    job = await jobs.own(tenant, job_id)
+    after = await jobs.resume_after(job.id, last_event_id)
+    return StreamingResponse(_stream(jobs, job.id, after),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
+from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
+from rewardd.service.errors import NotFound
 from rewardd.service.models import ErrorResponse
-from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.services import ServicesDep
+from rewardd.service.tenancy import Tenant
 
 router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -19,19 +22,19 @@ router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_te
 @router.get("/runs/{run_id}", summary="Run state",
             responses={404: {"model": ErrorResponse, "description": "The run has no state for "
                              "this tenant (never seen, expired or reset, or another tenant's)."}})
-async def view_run(run_id: str, request: Request,
+async def view_run(run_id: str, services: ServicesDep,
                    tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
     """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run."""
-    runs = request.app.state.runs.for_tenant(tenant.name)
+    runs = services.runs.for_tenant(tenant.name)
     state = await run_in_threadpool(runs.view, run_id)
     if state is None:
-        raise HTTPException(404, f"run {run_id!r} has no state (never seen, expired or reset)")
+        raise NotFound(f"run {run_id!r} has no state (never seen, expired or reset)")
     return {"run_id": run_id, "state": state}
 
 
 @router.delete("/runs/{run_id}", summary="Reset run state")
-async def reset_run(run_id: str, request: Request,
+async def reset_run(run_id: str, services: ServicesDep,
                     tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
     """Forget the run's state; the next request starts it afresh."""
-    runs = request.app.state.runs.for_tenant(tenant.name)
+    runs = services.runs.for_tenant(tenant.name)
     return {"run_id": run_id, "reset": await run_in_threadpool(runs.reset, run_id)}

@@ -9,9 +9,11 @@ from fastapi.responses import Response
 
 from rewardd.service import heavy, pipeline
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
+from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
 from rewardd.service.codec import read_model, render
 from rewardd.service.models import AdvantagesRequest, RewardsRequest, ScoreRequest, ScoreResponse
-from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.services import ServicesDep
+from rewardd.service.tenancy import Tenant
 
 router = APIRouter(prefix="/v1", tags=["scoring"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
@@ -20,38 +22,39 @@ router = APIRouter(prefix="/v1", tags=["scoring"], dependencies=[Depends(current
 @router.post("/score", response_model=None, openapi_extra=body(ScoreRequest),
              responses={**responses(ScoreResponse), **BUSY_RESPONSE},
              summary="Rewards and per-token advantages")
-async def score(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def score(request: Request, services: ServicesDep,
+                tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout with every reward component, then compute advantages."""
-    state = request.app.state
-    async with state.limiter.hold(tenant):  # before the body: reading it is work too
+    async with services.limiter.hold(tenant):  # before the body: reading it is work too
         with heavy.scope():
-            req = await read_model(request, ScoreRequest)
+            req = await read_model(request, ScoreRequest, tenant)
             return await answer(request, await pipeline.score(
-                req, state.executor, state.settings, runs=state.runs.for_tenant(tenant.name)))
+                req, services.executor, services.settings,
+                runs=services.runs.for_tenant(tenant.name)))
 
 
 @router.post("/rewards", response_model=None, openapi_extra=body(RewardsRequest),
              responses={**responses(ScoreResponse), **BUSY_RESPONSE}, summary="Rewards only")
-async def rewards(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def rewards(request: Request, services: ServicesDep,
+                  tenant: Tenant = Depends(current_tenant)) -> Response:
     """Verify every rollout; the response has no advantages."""
-    state = request.app.state
-    async with state.limiter.hold(tenant):
+    async with services.limiter.hold(tenant):
         with heavy.scope():
-            req = await read_model(request, RewardsRequest)
-            return await answer(request, await pipeline.rewards(req, state.executor,
-                                                                state.settings))
+            req = await read_model(request, RewardsRequest, tenant)
+            return await answer(request, await pipeline.rewards(req, services.executor,
+                                                                services.settings))
 
 
 @router.post("/advantages", response_model=None, openapi_extra=body(AdvantagesRequest),
              responses={**responses(ScoreResponse), **BUSY_RESPONSE},
              summary="Advantages from given rewards")
-async def advantages(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def advantages(request: Request, services: ServicesDep,
+                     tenant: Tenant = Depends(current_tenant)) -> Response:
     """Pure compute: advantages from the `reward`/`rewards` the rollouts carry."""
-    state = request.app.state
-    async with state.limiter.hold(tenant):  # CPU in this process: a slot like a batch
+    async with services.limiter.hold(tenant):  # CPU in this process: a slot like a batch
         with heavy.scope():
-            req = await read_model(request, AdvantagesRequest)
-            runs = state.runs.for_tenant(tenant.name)
+            req = await read_model(request, AdvantagesRequest, tenant)
+            runs = services.runs.for_tenant(tenant.name)
             return await answer(request, await heavy.offload(pipeline.advantages, req, runs))
 
 

@@ -28,13 +28,15 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
-from rewardd.service.api.jobs import HEARTBEAT_S, resume_after
+from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
 from rewardd.service.codec import read_model, render
+from rewardd.service.events import KEEP_ALIVE, resume_after, sse
 from rewardd.service.models import (ErrorResponse, SessionAccepted, SessionClosed,
                                     SessionGroupWait, SessionOpened, SessionRollouts,
                                     SessionSpec, SessionState)
-from rewardd.service.sessions import SessionManager, SessionNotFound
-from rewardd.service.tenancy import AUTH_RESPONSES, Tenant, current_tenant
+from rewardd.service.services import ServicesDep
+from rewardd.service.sessions import SessionNotFound
+from rewardd.service.tenancy import Tenant
 
 class GroupIdConvertor(Convertor[str]):
     """A group id in a path: any characters, ``/`` included (ids like ``gsm8k/train/17``),
@@ -69,10 +71,6 @@ def _ok(model: Any, **more: Any) -> dict[int | str, dict[str, Any]]:
     return {200: {"model": model, "content": msgpack_content(model)}, **NOT_FOUND, **more}
 
 
-def _manager(request: Request) -> SessionManager:
-    return request.app.state.sessions
-
-
 def _require_body(request: Request) -> None:
     """A request without a body is a 422 naming it (the codec would read nothing as
     invalid JSON, a 400)."""
@@ -88,12 +86,13 @@ def _require_body(request: Request) -> None:
                         201: {"model": SessionOpened, "description": "Session opened.",
                               "headers": {"Location": {"schema": {"type": "string"},
                                                        "description": "The session's URL."}}}})
-async def open_session(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+async def open_session(request: Request, services: ServicesDep,
+                       tenant: Tenant = Depends(current_tenant)) -> Response:
     """Reward components, advantage spec, group size and timeout of the step; rollouts
     follow as they finish."""
     _require_body(request)
-    spec = await read_model(request, SessionSpec)
-    sid = await _manager(request).open(tenant, spec)
+    spec = await read_model(request, SessionSpec, tenant)
+    sid = await services.sessions.open(tenant, spec)
     response = render(request, {"session_id": sid}, 201)
     response.headers["Location"] = f"/v1/sessions/{sid}"
     return response
@@ -103,59 +102,59 @@ async def open_session(request: Request, tenant: Tenant = Depends(current_tenant
              openapi_extra=body(SessionRollouts), summary="Send finished rollouts",
              responses={**responses(SessionAccepted), **BUSY_RESPONSE, **NOT_FOUND,
                         **CONFLICT})
-async def add_rollouts(session_id: str, request: Request,
+async def add_rollouts(session_id: str, request: Request, services: ServicesDep,
                        tenant: Tenant = Depends(current_tenant)) -> Response:
     """Rollouts in the /v1/score `groups` shape (partial groups; prompt and reference on a
     group's first sight); their checks start now. Resent rollouts are not scored twice."""
-    manager = _manager(request)
+    manager = services.sessions
     await manager.owned(tenant, session_id)  # 404 before reading a body
     _require_body(request)
-    req = await read_model(request, SessionRollouts)
+    req = await read_model(request, SessionRollouts, tenant)
     return render(request, await manager.add(tenant, session_id, req))
 
 
 @router.get("/sessions/{session_id}", response_model=None, summary="Session state",
             responses=_ok(SessionState))
-async def session_state(session_id: str, request: Request,
+async def session_state(session_id: str, request: Request, services: ServicesDep,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
-    return render(request, await _manager(request).status(tenant, session_id))
+    return render(request, await services.sessions.status(tenant, session_id))
 
 
 @router.delete("/sessions/{session_id}", response_model=None, summary="Cancel a session",
                responses=_ok(SessionState))
-async def cancel_session(session_id: str, request: Request,
+async def cancel_session(session_id: str, request: Request, services: ServicesDep,
                          tenant: Tenant = Depends(current_tenant)) -> Response:
     """Drop the session and its checks (idempotent); its state afterwards."""
-    return render(request, await _manager(request).cancel(tenant, session_id))
+    return render(request, await services.sessions.cancel(tenant, session_id))
 
 
 @router.post("/sessions/{session_id}/close", response_model=None,
              summary="End the step: the batch's advantages", responses=_ok(SessionClosed))
-async def close_session(session_id: str, request: Request,
+async def close_session(session_id: str, request: Request, services: ServicesDep,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
     """Open groups complete from what arrived; once every check settled, the /v1/score
     response over the completed groups (batch-level estimators computed now)."""
-    return render(request, await _manager(request).close(tenant, session_id))
+    return render(request, await services.sessions.close(tenant, session_id))
 
 
 @router.post("/sessions/{session_id}/groups/{group_id:group_id}/close", response_model=None,
              summary="Complete a group from what arrived", responses=_ok(SessionGroupWait))
-async def close_group(session_id: str, group_id: str, request: Request,
+async def close_group(session_id: str, group_id: str, request: Request, services: ServicesDep,
                       tenant: Tenant = Depends(current_tenant)) -> Response:
-    group = await _manager(request).close_group(tenant, session_id, group_id)
+    group = await services.sessions.close_group(tenant, session_id, group_id)
     return render(request, {"group_id": group_id, "complete": group is not None,
                             "group": group})
 
 
 @router.get("/sessions/{session_id}/groups/{group_id:group_id}", response_model=None,
             summary="A group's result (long-poll)", responses=_ok(SessionGroupWait))
-async def wait_group(session_id: str, group_id: str, request: Request,
+async def wait_group(session_id: str, group_id: str, request: Request, services: ServicesDep,
                      tenant: Tenant = Depends(current_tenant),
                      wait_s: float = Query(0.0, ge=0, le=MAX_WAIT_S,
                                            description="Wait up to this long for the group "
                                            "to complete.")) -> Response:
     """The group's object once complete; `complete: false` if it is not within `wait_s`."""
-    manager = _manager(request)
+    manager = services.sessions
     group = await manager.wait_group(tenant, session_id, group_id, wait_s)
     if group is None and not await manager.known_group(session_id, group_id):
         raise SessionNotFound(f"no group {group_id!r} in session {session_id}")
@@ -176,10 +175,6 @@ SSE_EVENT = {
 }
 
 
-def _sse(event_id: int, kind: str, data: bytes) -> bytes:
-    return f"id: {event_id}\nevent: {kind}\n".encode() + b"data: " + data + b"\n\n"
-
-
 @router.get("/sessions/{session_id}/events", response_class=StreamingResponse,
             summary="Completed groups, then the close (server-sent events)",
             responses={200: {"description": "text/event-stream: `group` events, then "
@@ -188,22 +183,22 @@ def _sse(event_id: int, kind: str, data: bytes) -> bytes:
                        **NOT_FOUND,
                        422: {"model": ErrorResponse, "description": "`Last-Event-ID` is not "
                              "an id this session's stream has sent."}})
-async def session_events(session_id: str, request: Request,
+async def session_events(session_id: str, request: Request, services: ServicesDep,
                          tenant: Tenant = Depends(current_tenant),
                          last_event_id: str | None = Header(
                              None, alias="Last-Event-ID",
                              description="Resume after this event id.")) -> StreamingResponse:
     """Each group's object as it completes; resumable with `Last-Event-ID`."""
-    manager = _manager(request)
+    manager = services.sessions
     await manager.owned(tenant, session_id)  # 404 now, not inside the stream
     after = await resume_after(manager, session_id, last_event_id)
 
     async def stream() -> AsyncIterator[bytes]:
-        async for event in manager.events(tenant, session_id, after, HEARTBEAT_S):
+        async for event in manager.events(tenant, session_id, after):
             if event is None:
-                yield b": keep-alive\n\n"
+                yield KEEP_ALIVE
             else:
-                yield _sse(event.seq, event.kind, event.data)
+                yield sse(event.seq, event.kind, event.data)
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

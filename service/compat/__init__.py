@@ -5,7 +5,9 @@
   per-protocol options), validated when the settings load.
 * :mod:`.samples`: the protocols' texts and labels as prompt, completion and reference.
 * :mod:`.protocols`: each trainer's request and answer shapes.
-* :mod:`.scoring`: samples scored each on its own (one /v1/rewards call) or as a group.
+* :mod:`.scorer`: the entry: a request's samples scored alone or in groups, as configured.
+* :mod:`.scoring`: what both ways share: a sample's outcome, one /v1/rewards call of samples.
+* :mod:`.batching`: samples of concurrent requests scored together (without group mode).
 * :mod:`.groups`: samples waiting for their group (group mode).
 
 The routes are in :mod:`rewardd.service.api.compat`.

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any, Sequence
-
-from fastapi import HTTPException
+from typing import Sequence
 
 from rewardd.service.compat.samples import SampleIn
 from rewardd.service.compat.scoring import (SampleOut, compat_config, score_each,
                                             slot_when_free)
+from rewardd.service.errors import Busy
+from rewardd.service.runtime import Runtime
 from rewardd.service.tenancy import Tenant
 
 MAX_BATCHES = 2
@@ -40,8 +40,8 @@ Waiting = tuple[SampleIn, "asyncio.Future[SampleOut | Exception]"]
 class Batcher:
     """The waiting samples of each tenant, and their batches in flight."""
 
-    def __init__(self, state: Any) -> None:
-        self._state = state
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
         self._waiting: dict[str, list[Waiting]] = defaultdict(list)
         self._in_flight: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -52,9 +52,9 @@ class Batcher:
         scored."""
         waiting = self._waiting[tenant.name]
         if len(waiting) + len(samples) > MAX_PENDING:
-            raise HTTPException(429, f"tenant {tenant.name!r} has {len(waiting)} samples "
-                                f"waiting to be scored (the limit is {MAX_PENDING})",
-                                headers={"Retry-After": str(self._state.settings.retry_after_s)})
+            raise Busy(f"tenant {tenant.name!r} has {len(waiting)} samples waiting to be "
+                       f"scored (the limit is {MAX_PENDING})", tenant=tenant.name,
+                       retry_after_s=self._runtime.settings.retry_after_s)
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in samples]
         waiting.extend(zip(samples, futures))
@@ -69,18 +69,18 @@ class Batcher:
     async def _drain(self, tenant: Tenant) -> None:
         """Score batches of the tenant's waiting samples until none is left; each batch is
         taken once its slot is held, so it holds everything that arrived meanwhile."""
-        limit = self._state.settings.max_rollouts_per_request
+        limit = self._runtime.settings.max_rollouts_per_request
         waiting = self._waiting[tenant.name]
         try:
             while waiting:
                 batch: list[Waiting] = []
                 try:
-                    async with slot_when_free(self._state.limiter, tenant):
+                    async with slot_when_free(self._runtime.limiter, tenant):
                         batch = waiting[:limit]
                         del waiting[:limit]
                         outs: Sequence[SampleOut | Exception] = await score_each(
-                            [sample for sample, _ in batch], compat_config(self._state),
-                            self._state)
+                            [sample for sample, _ in batch],
+                            compat_config(self._runtime.settings), self._runtime)
                 except Exception as exc:  # the batch's failure is each of its samples' answer
                     outs = [exc] * len(batch)
                 for (_, future), out in zip(batch, outs):
@@ -88,11 +88,3 @@ class Batcher:
                         future.set_result(out)
         finally:
             self._in_flight[tenant.name] -= 1
-
-
-def batcher(state: Any) -> Batcher:
-    """The app's batcher, made on first use."""
-    found = getattr(state, "compat_batches", None)
-    if found is None:
-        found = state.compat_batches = Batcher(state)
-    return found

@@ -39,14 +39,13 @@ import uuid
 from collections import defaultdict
 from typing import Any, Sequence
 
-from fastapi import HTTPException
-
 from rewardd.service.compat.config import CompatConfig
 from rewardd.service.compat.samples import SampleIn
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.compat.scoring import SampleOut, outcome, remap
+from rewardd.service.errors import TimedOut, Unavailable
 from rewardd.service.models import AdvantageSpec, SessionSpec
-from rewardd.service.sessions import SessionBusy, SessionConflict
+from rewardd.service.sessions import SessionBusy, SessionConflict, SessionManager
 from rewardd.service.sessions.manager import POLL_S
 from rewardd.service.tenancy import Tenant
 
@@ -88,17 +87,13 @@ def group_key(sample: SampleIn) -> str:
 class Assembler:
     """Samples into the standing sessions of one app (see the module docstring)."""
 
-    def __init__(self, state: Any) -> None:
-        self._state = state
+    def __init__(self, sessions: SessionManager) -> None:
+        self._sessions = sessions
         self._waited: dict[str, dict[str, asyncio.Future[Any]]] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._queued: dict[str, list[tuple[SampleIn, asyncio.Future[Any]]]] = {}
         self._placing: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def _sessions(self) -> Any:
-        return self._state.sessions
 
     async def submit(self, tenant: Tenant, protocol: str, samples: Sequence[SampleIn],
                      config: CompatConfig) -> list[SampleOut | BaseException]:
@@ -194,8 +189,8 @@ class Assembler:
                     if (gid, ids[i]) in taken:
                         spots[ids[i]] = gid
         if len(spots) < len(samples):
-            raise HTTPException(503, "the sample's group kept completing before the sample "
-                                "could join it; retry", headers={"Retry-After": "1"})
+            raise Unavailable("the sample's group kept completing before the sample could "
+                              "join it; retry", retry_after_s=1)
         return [(spots[rid], rid) for rid in ids]
 
     async def _add(self, tenant: Tenant, sid: str, samples: list[SampleIn],
@@ -230,9 +225,9 @@ class Assembler:
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except asyncio.TimeoutError:
-            raise HTTPException(503, f"the sample's group was not complete {limit:g} s after "
-                                "it was sent (its timeout did not fire); retry",
-                                headers={"Retry-After": "1"}) from None
+            raise Unavailable(f"the sample's group was not complete {limit:g} s after it "
+                              "was sent (its timeout did not fire); retry",
+                              retry_after_s=1) from None
         finally:
             if waited.get(gid) is future and future.done():
                 waited.pop(gid, None)
@@ -261,20 +256,20 @@ class Assembler:
                 if doc is not None and doc["state"] == "done":
                     _settle(waited.pop(gid), doc["event"])
                 elif record is None or record["state"] != "open":
-                    _settle(waited.pop(gid), HTTPException(
-                        503, "the server's session for this protocol ended (idle, or its "
-                        "store lost it) before the sample's group was complete; retry",
-                        headers={"Retry-After": "1"}))
+                    _settle(waited.pop(gid), Unavailable(
+                        "the server's session for this protocol ended (idle, or its store "
+                        "lost it) before the sample's group was complete; retry",
+                        retry_after_s=1))
 
     @staticmethod
     def _answer(event: dict[str, Any], rollout_id: str, sample: SampleIn,
                 config: CompatConfig) -> SampleOut | BaseException:
         assert config.group is not None
         if event.get("failed"):
-            return HTTPException(
-                504, f"the sample's group got {event['arrived']} of {config.group.size} "
-                f"samples within {config.group.timeout_s:g} s (group.timeout_s; "
-                "group.on_timeout is fail)")
+            return TimedOut(
+                f"the sample's group got {event['arrived']} of {config.group.size} samples "
+                f"within {config.group.timeout_s:g} s (group.timeout_s; group.on_timeout is "
+                "fail)")
         rollout = next(r for r in event["rollouts"] if r["rollout_id"] == rollout_id)
         return outcome(rollout, sample, event["arrived"], event["reason"] == "timeout")
 
@@ -286,11 +281,3 @@ def _settle(future: asyncio.Future[Any], out: Any) -> None:
         future.set_exception(out)
     else:
         future.set_result(out)
-
-
-def assembler(state: Any) -> Assembler:
-    """The app's assembler, made on first use."""
-    found = getattr(state, "compat_groups", None)
-    if found is None:
-        found = state.compat_groups = Assembler(state)
-    return found

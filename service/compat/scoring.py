@@ -19,16 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
-
-from fastapi import HTTPException
+from typing import Any, AsyncIterator, Sequence
 
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import pipeline
 from rewardd.service.compat.config import CompatConfig, load_compat_config
 from rewardd.service.compat.samples import SampleIn
+from rewardd.service.errors import Unavailable
 from rewardd.service.limits import Limiter, TenantBusy
 from rewardd.service.models import RewardsRequest
+from rewardd.service.runtime import Runtime
+from rewardd.service.settings import Settings
 from rewardd.service.tenancy import Tenant
 
 
@@ -69,9 +70,9 @@ def _reason(cell: dict[str, Any]) -> str:
     return str(detail.get("message") or detail.get("reason") or cell.get("error"))
 
 
-def compat_config(state: Any) -> CompatConfig:
+def compat_config(settings: Settings) -> CompatConfig:
     """The app's compat configuration (validated when its settings loaded)."""
-    return load_compat_config(state.settings.compat_config)
+    return load_compat_config(settings.compat_config)
 
 
 def remap(exc: RequestInvalid, samples: Sequence[SampleIn], one_group: bool) -> RequestInvalid:
@@ -105,16 +106,16 @@ def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
                                              f"{n} ({kinds[n]}): {_reason(status[n])}"
                                              for n in failed))])
         failures = ", ".join(f"{n}: {k}" for n, k in kinds.items())
-        return HTTPException(503, f"the check failed ({failures}) and its component has no "
-                             "fallback; retry, or give the component a fallback in "
-                             "REWARDD_COMPAT_CONFIG", headers={"Retry-After": "1"})
+        return Unavailable(f"the check failed ({failures}) and its component has no "
+                           "fallback; retry, or give the component a fallback in "
+                           "REWARDD_COMPAT_CONFIG", retry_after_s=1)
     advantage = rollout.get("advantages")
     return SampleOut(reward=rollout["reward"], rewards=rollout["rewards"], status=status,
                      failed=failed, advantage=advantage if isinstance(advantage, float) else None,
                      group_size=group_size, timed_out=timed_out)
 
 
-async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: Any
+async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime: Runtime
                      ) -> list[SampleOut | Exception]:
     """Each sample as its own one-rollout group, all in one /v1/rewards call. A sample whose
     reference the checks refuse gets its 422 and the others are scored without it (the
@@ -126,7 +127,7 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: A
          "rollouts": [{"rollout_id": str(i), "completion": s.completion}]}
         for i, s in enumerate(samples)])
     try:
-        body = await pipeline.rewards(req, state.executor, state.settings)
+        body = await pipeline.rewards(req, runtime.executor, runtime.settings)
     except RequestInvalid as exc:
         if not all(len(e["loc"]) > 2 and e["loc"][1] == "groups" for e in exc.errors):
             return [remap(exc, samples, one_group=False)] * len(samples)  # not one sample's
@@ -136,7 +137,7 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, state: A
             remap(RequestInvalid([e for e in exc.errors if e["loc"][2] == i]), samples,
                    one_group=False) if i in bad else None  # type: ignore[misc]
             for i in range(len(samples))]
-        for i, out in zip(rest, await score_each([samples[i] for i in rest], config, state)):
+        for i, out in zip(rest, await score_each([samples[i] for i in rest], config, runtime)):
             outs[i] = out
         return outs
     return [outcome(group["rollouts"][0], sample, 1, False)
@@ -167,29 +168,3 @@ async def slot_when_free(limiter: Limiter, tenant: Tenant) -> AsyncIterator[None
 
 SLOT_POLL_S = 0.05
 """How often work waiting for its tenant's slot asks again."""
-
-
-async def score_samples(state: Any, tenant: Tenant, protocol: str,
-                        read: Callable[[CompatConfig], Awaitable[list[SampleIn]]]
-                        ) -> tuple[list[SampleIn], list[SampleOut]]:
-    """Read a protocol request's samples and score them: with the other requests' samples
-    waiting at that moment (:mod:`.batching`), or each when its group is whole
-    (:mod:`.groups`).
-
-    Why no tenant slot while reading and waiting, unlike /v1/score: OpenRLHF posts every
-    sample of a step on its own, hundreds at once, and retries a refusal five times a second
-    apart before dropping the sample's reward; a 429 per sample past the tenant's limit
-    would lose rewards, and a sample waiting for its group while holding a slot would keep
-    the rest of its group out. The scoring itself holds the tenant's slots (one per batch or
-    group, waited for), so the tenant's limit on work in flight still holds; what waits is
-    bounded per tenant (:data:`.batching.MAX_PENDING`, :data:`.groups.MAX_OPEN_GROUPS`) and a
-    body by the tenant's max_body_bytes."""
-    from rewardd.service.compat.batching import batcher
-    from rewardd.service.compat.groups import assembler
-
-    config = compat_config(state)
-    samples = await read(config)
-    if config.group is None:
-        return samples, raise_first(await batcher(state).submit(tenant, samples))
-    return samples, raise_first(await assembler(state).submit(tenant, protocol, samples,
-                                                              config))

@@ -1,4 +1,5 @@
-"""The REST error vocabulary as ``google.rpc.Status``: one mapping, used by every call.
+"""The service's errors (:mod:`rewardd.service.errors`) as ``google.rpc.Status``: one
+mapping, used by every call; REST maps the same errors in the app's handlers.
 
 =====================  ====================  =======================================
 REST                   gRPC code             details
@@ -8,9 +9,12 @@ REST                   gRPC code             details
                                              = msg, reason = type), ErrorInfo
 400 body undecodable   INVALID_ARGUMENT      ErrorInfo body_invalid
 413 body too large     RESOURCE_EXHAUSTED    ErrorInfo body_too_large
-429 tenant busy        RESOURCE_EXHAUSTED    ErrorInfo tenant_busy, RetryInfo
-401                    UNAUTHENTICATED       ErrorInfo unauthenticated
-404                    NOT_FOUND             ErrorInfo not_found
+429 (Busy)             RESOURCE_EXHAUSTED    ErrorInfo tenant_busy, RetryInfo
+401 (Unauthenticated)  UNAUTHENTICATED       ErrorInfo unauthenticated
+404 (NotFound)         NOT_FOUND             ErrorInfo not_found
+409 (Conflict)         ABORTED               ErrorInfo conflict
+503 (Unavailable)      UNAVAILABLE           ErrorInfo unavailable, RetryInfo
+504 (TimedOut)         DEADLINE_EXCEEDED     ErrorInfo timed_out
 500 (anything else)    INTERNAL              ErrorInfo internal (the server logs it)
 =====================  ====================  =======================================
 
@@ -29,18 +33,18 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.codec import BodyError
-from rewardd.service.limits import TenantBusy
+from rewardd.service.errors import (Busy, Conflict, NotFound, ServiceError, TimedOut,
+                                    Unauthenticated, Unavailable)
 
 DOMAIN = "rewardd"
 log = logging.getLogger(__name__)
 
-
-class Unauthenticated(Exception):
-    """No valid ``authorization: Bearer <key>`` metadata where keys are configured."""
-
-
-class NotFound(Exception):
-    """No such verifier, or no such job for this tenant."""
+_STATUS_CODES: dict[int, int] = {
+    Unauthenticated.status: code_pb2.UNAUTHENTICATED, NotFound.status: code_pb2.NOT_FOUND,
+    Conflict.status: code_pb2.ABORTED, Busy.status: code_pb2.RESOURCE_EXHAUSTED,
+    Unavailable.status: code_pb2.UNAVAILABLE, TimedOut.status: code_pb2.DEADLINE_EXCEEDED}
+"""The gRPC code of each service error, by its REST status (subclasses such as
+``SessionNotFound`` share their family's)."""
 
 
 def _info(reason: str, **metadata: str) -> error_details_pb2.ErrorInfo:
@@ -67,15 +71,13 @@ def status_of(exc: Exception) -> status_pb2.Status:
         code = code_pb2.RESOURCE_EXHAUSTED if exc.status == 413 else code_pb2.INVALID_ARGUMENT
         message = exc.message
         details = [_info("body_too_large" if exc.status == 413 else "body_invalid")]
-    elif isinstance(exc, TenantBusy):
-        code, message = code_pb2.RESOURCE_EXHAUSTED, str(exc)
-        details = [_info("tenant_busy", tenant=exc.tenant.name),
-                   error_details_pb2.RetryInfo(
-                       retry_delay=duration_pb2.Duration(seconds=exc.retry_after_s))]
-    elif isinstance(exc, Unauthenticated):
-        code, message, details = code_pb2.UNAUTHENTICATED, str(exc), [_info("unauthenticated")]
-    elif isinstance(exc, NotFound):
-        code, message, details = code_pb2.NOT_FOUND, str(exc), [_info("not_found")]
+    elif isinstance(exc, ServiceError) and type(exc).status in _STATUS_CODES:
+        code, message = _STATUS_CODES[type(exc).status], exc.message
+        metadata = {"tenant": exc.tenant} if isinstance(exc, Busy) else {}
+        details = [_info(exc.reason, **metadata)]
+        if exc.retry_after_s is not None:
+            details.append(error_details_pb2.RetryInfo(
+                retry_delay=duration_pb2.Duration(seconds=exc.retry_after_s)))
     else:
         log.error("gRPC call failed", exc_info=exc)
         code, message = code_pb2.INTERNAL, "internal server error (logged by the server)"

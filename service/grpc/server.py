@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha import reflection
 
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc.servicer import RewarddServicer
-from rewardd.service.settings import Settings
+from rewardd.service.services import Services
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Rewardd"].full_name
 STOP_GRACE_S = 5.0
@@ -36,10 +36,11 @@ def handlers(servicer: RewarddServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
-async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
+async def start(services: Services) -> tuple[grpc.aio.Server, int]:
     """Serve rewardd.v1.Rewardd on ``settings.host:settings.grpc_port`` (0: a free port);
     (the server, the bound port). Messages up to REWARDD_MAX_BODY_BYTES are read (larger:
     RESOURCE_EXHAUSTED from gRPC itself); answers are not capped, like REST's."""
+    settings = services.settings
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
@@ -48,7 +49,7 @@ async def start(state: Any, settings: Settings) -> tuple[grpc.aio.Server, int]:
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", 20_000),
     ])
-    server.add_generic_rpc_handlers((handlers(RewarddServicer(state)),))
+    server.add_generic_rpc_handlers((handlers(RewarddServicer(services)),))
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection(

@@ -2,8 +2,8 @@
 
 Every call authenticates from the ``authorization`` metadata (the REST keys and tenants),
 converts its message to the REST body, validates it with the same pydantic model, and calls
-the same function the REST route calls (:mod:`rewardd.service.pipeline`, ``verify_one``,
-``submit_job``...). Calls that spend workers or CPU hold the tenant's limiter slot like
+the same service the REST route calls (:mod:`rewardd.service.pipeline`,
+:mod:`rewardd.service.verify`, :class:`~rewardd.service.jobs.service.JobService`...). Calls that spend workers or CPU hold the tenant's limiter slot like
 their routes. A call past its deadline (or cancelled by its client) is cancelled by gRPC,
 which cancels the pipeline and with it the verifier checks still queued or running.
 """
@@ -20,23 +20,20 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from rewardd.advantages.checks import pydantic_errors
 from rewardd.advantages.errors import Loc, RequestInvalid
 from rewardd.advantages.registry import Kind
-from rewardd.service import pipeline
-from rewardd.service.api import catalogue
-from rewardd.service.api.jobs import (IDEMPOTENCY_KEY_MAX, JobProgressTick, cancel_job,
-                                      job_events, resume_after, submit_job)
-from rewardd.service.api.verify import verify_one
+from rewardd.service import catalogue, pipeline
 from rewardd.service.codec import BodyError
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.grpc import convert
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
-from rewardd.service.grpc.errors import NotFound, Unauthenticated, abort_with, status_of
-from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job
+from rewardd.service.grpc.errors import abort_with, status_of
+from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick
+from rewardd.service.jobs.store import FINAL, Job
 from rewardd.service.models import (AdvantagesRequest, RewardsRequest, ScoreRequest,
                                     VerifyRequest)
-from rewardd.service.settings import Settings
-from rewardd.service.tenancy import Tenant, _default_tenant
-from rewardd.verifiers import get_verifier
+from rewardd.service.services import Services
+from rewardd.service.tenancy import Tenant, authenticate, bearer
+from rewardd.service.verify import known_verifier, verify_one
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -46,21 +43,12 @@ _IDEMPOTENCY_KEY = TypeAdapter(Annotated[str, Field(min_length=1,
                                                     max_length=IDEMPOTENCY_KEY_MAX)])
 
 
-def tenant_of(context: grpc.aio.ServicerContext, state: Any) -> Tenant:
-    """The caller's tenant from ``authorization: Bearer <key>`` (REST's rules and words)."""
-    settings: Settings = state.settings
-    if not state.keys.enabled:
-        return _default_tenant(settings.tenant_max_concurrent_jobs, settings.max_body_bytes)
+def tenant_of(context: grpc.aio.ServicerContext, services: Services) -> Tenant:
+    """The caller's tenant from ``authorization: Bearer <key>`` metadata (REST's rules and
+    words, :func:`rewardd.service.tenancy.authenticate`)."""
     header = dict(context.invocation_metadata() or ()).get("authorization", "")
-    scheme, _, token = str(header).partition(" ")
-    token = token.strip() if scheme.lower() == "bearer" else ""
-    tenant = state.keys.lookup(token) if token else None
-    if tenant is None:
-        reason = ("no `authorization: Bearer <key>` metadata" if not token
-                  else "the API key is not valid")
-        raise Unauthenticated(f"{reason}: this server requires an API key (ask its operator "
-                              "for one)")
-    return tenant
+    return authenticate(services.keys, services.settings, bearer(str(header)),
+                        missing="no `authorization: Bearer <key>` metadata")
 
 
 def parse_message(message: Any, model: type[M]) -> M:
@@ -91,15 +79,15 @@ def validate(adapter: TypeAdapter, value: Any, loc: Loc) -> Any:
 
 
 class RewarddServicer(pb_grpc.RewarddServicer):
-    """rewardd.v1.Rewardd over the REST app's state (executor, limiter, keys, stores)."""
+    """rewardd.v1.Rewardd over the REST app's services (executor, limiter, keys, stores)."""
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def _call(self, context: grpc.aio.ServicerContext,
                     work: Callable[[Tenant], Awaitable[R]]) -> R:
         try:
-            return await work(tenant_of(context, self.state))
+            return await work(tenant_of(context, self.services))
         except Exception as exc:  # cancellation (deadline, client gone) is not an Exception
             status = status_of(exc)
         await abort_with(context, status)
@@ -109,55 +97,53 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                        ) -> bytes:
         """A ScoreResponse already serialized (:func:`convert.score_wire`; the server's
         handlers pass bytes through)."""
-        async with self.state.limiter.hold(tenant):  # a worker's time, like the routes
+        async with self.services.limiter.hold(tenant):  # a worker's time, like the routes
             return await asyncio.to_thread(convert.score_wire, await run())
 
     async def Score(self, request: pb.ScoreRequest, context: Any) -> bytes:
-        state = self.state
+        services = self.services
 
         async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, ScoreRequest, tenant)
-                return await pipeline.score(req, state.executor, state.settings,
-                                            runs=state.runs.for_tenant(tenant.name))
+                return await pipeline.score(req, services.executor, services.settings,
+                                            runs=services.runs.for_tenant(tenant.name))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)
 
     async def Rewards(self, request: pb.RewardsRequest, context: Any) -> bytes:
-        state = self.state
+        services = self.services
 
         async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, RewardsRequest, tenant)
-                return await pipeline.rewards(req, state.executor, state.settings)
+                return await pipeline.rewards(req, services.executor, services.settings)
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)
 
     async def Advantages(self, request: pb.AdvantagesRequest, context: Any) -> bytes:
-        state = self.state
+        services = self.services
 
         async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, AdvantagesRequest, tenant)
                 return await asyncio.to_thread(pipeline.advantages, req,
-                                               state.runs.for_tenant(tenant.name))
+                                               services.runs.for_tenant(tenant.name))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)
 
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
-        state = self.state
+        services = self.services
 
         async def work(tenant: Tenant) -> pb.VerifyResponse:
-            try:
-                get_verifier(request.verifier)
-            except KeyError as exc:
-                raise NotFound(exc.args[0]) from None
-            async with state.limiter.hold(tenant):
+            known_verifier(request.verifier)
+            async with services.limiter.hold(tenant):
                 req = await read_message(request, VerifyRequest, tenant)
-                out = await verify_one(request.verifier, req, state.settings, state.executor)
+                out = await verify_one(request.verifier, req, services.settings,
+                                       services.executor)
             return convert.message_of(pb.VerifyResponse, out)
 
         return await self._call(context, work)
@@ -165,7 +151,7 @@ class RewarddServicer(pb_grpc.RewarddServicer):
     async def ListVerifiers(self, request: pb.ListVerifiersRequest,
                             context: Any) -> pb.ListVerifiersResponse:
         async def work(tenant: Tenant) -> pb.ListVerifiersResponse:
-            infos = [v.model_dump(mode="json") for v in catalogue.list_verifiers()]
+            infos = [v.model_dump(mode="json") for v in catalogue.verifiers()]
             return convert.catalogue_message(pb.ListVerifiersResponse, {"verifiers": infos})
 
         return await self._call(context, work)
@@ -175,28 +161,22 @@ class RewarddServicer(pb_grpc.RewarddServicer):
         async def work(tenant: Tenant) -> pb.ListEstimatorsResponse:
             kind = validate(_KIND, request.kind if request.HasField("kind") else None,
                             ("query", "kind"))
-            infos = [e.model_dump(mode="json") for e in catalogue.list_estimators(kind)]
+            infos = [e.model_dump(mode="json") for e in catalogue.estimators(kind)]
             return convert.catalogue_message(pb.ListEstimatorsResponse, {"estimators": infos})
 
         return await self._call(context, work)
 
     # ---- jobs ----------------------------------------------------------------------------
 
-    async def _own(self, tenant: Tenant, job_id: str) -> Job:
-        job = await self.state.jobs.get_for(tenant.name, job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id!r}")
-        return job
-
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Any) -> pb.JobSubmitted:
-        state = self.state
+        services = self.services
 
         async def work(tenant: Tenant) -> pb.JobSubmitted:
             key = (validate(_IDEMPOTENCY_KEY, request.idempotency_key,
                             ("header", "Idempotency-Key"))
                    if request.HasField("idempotency_key") else None)
             req = await read_message(request.request, ScoreRequest, tenant)
-            job, created = await submit_job(state, tenant, req, key)
+            job, created = await services.jobs.submit(tenant, req, key)
             return convert.message_of(pb.JobSubmitted, {
                 "id": job.id, "state": job.state, "existing": not created,
                 "links": {"status": f"/v1/jobs/{job.id}",
@@ -206,9 +186,10 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
     async def GetJob(self, request: pb.GetJobRequest, context: Any) -> pb.JobStatus:
         async def work(tenant: Tenant) -> pb.JobStatus:
-            job = await self._own(tenant, request.id)
+            jobs = self.services.jobs
+            job = await jobs.own(tenant, request.id)
             out = convert.message_of(pb.JobStatus, job.view())
-            raw = await self.state.jobs.result(job.id) if job.state == SUCCEEDED else None
+            raw = await jobs.result(job)
             if raw is not None:
                 result = await asyncio.to_thread(
                     lambda: convert.score_response(orjson.loads(raw)))
@@ -219,22 +200,23 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
     async def CancelJob(self, request: pb.CancelJobRequest, context: Any) -> pb.JobStatus:
         async def work(tenant: Tenant) -> pb.JobStatus:
-            job = await cancel_job(self.state, await self._own(tenant, request.id))
+            jobs = self.services.jobs
+            job = await jobs.cancel(await jobs.own(tenant, request.id))
             return convert.message_of(pb.JobStatus, job.view())
 
         return await self._call(context, work)
 
     async def WatchJob(self, request: pb.WatchJobRequest,
                        context: Any) -> AsyncIterator[pb.JobEvent]:
-        store = self.state.jobs
+        jobs = self.services.jobs
 
         async def start(tenant: Tenant) -> tuple[Job, int]:
-            job = await self._own(tenant, request.id)
+            job = await jobs.own(tenant, request.id)
             after = str(request.after) if request.HasField("after") else None
-            return job, await resume_after(store, job.id, after, ("after",))
+            return job, await jobs.resume_after(job.id, after, ("after",))
 
         job, after = await self._call(context, start)
-        async for item in job_events(store, job.id, after):
+        async for item in jobs.watch(job.id, after):
             if item is None:  # a heartbeat: gRPC has its own keepalive
                 continue
             if isinstance(item, JobProgressTick):

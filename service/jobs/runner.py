@@ -52,8 +52,10 @@ import orjson
 
 from rewardd.service import pipeline
 from rewardd.advantages.errors import RequestInvalid
-from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore, encode_event
+from rewardd.service.events import encode_event
+from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore
 from rewardd.service.models import RewardSpec, ScoreRequest
+from rewardd.service.runtime import Runtime
 from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
 from rewardd.service.tenancy import Tenant
 from rewardd.workers import fairness
@@ -139,11 +141,11 @@ class _Tracker:
 class JobRunner:
     """The jobs of this API process, and the sweeper that resumes other pods' orphans.
 
-    Reads the executor, settings, limiter and run store from ``state`` (the app's state)
-    when a job starts, so it works whether or not the app's lifespan ran."""
+    Reads the executor from ``runtime`` when a job starts (the app's lifespan attaches it
+    after this runner is built)."""
 
-    def __init__(self, state: Any, store: JobStore) -> None:
-        self.state = state
+    def __init__(self, runtime: Runtime, store: JobStore) -> None:
+        self.runtime = runtime
         self.store = store
         self.owner = _owner()
         self._tasks: dict[str, asyncio.Task] = {}
@@ -202,9 +204,9 @@ class JobRunner:
         return True
 
     async def _run(self, job: Job, req: ScoreRequest | None) -> None:
-        state = self.state
+        runtime = self.runtime
         tenant = Tenant(job.tenant, job.tenant_limit, 1)
-        limiter = state.limiter
+        limiter = runtime.limiter
         keep: asyncio.Task | None = None
         watch: asyncio.Task | None = None
         release_slot = True
@@ -229,9 +231,9 @@ class JobRunner:
             tracker = _Tracker(req, job.total, skip)
             watch = asyncio.create_task(self._watch(job.id, tracker))
             with fairness.flow(job.tenant, job.id):  # one flow of the fair queue per job
-                result = await pipeline.score(req, state.executor, state.settings,
+                result = await pipeline.score(req, runtime.executor, runtime.settings,
                                               progress=tracker.progress,
-                                              runs=state.runs.for_tenant(job.tenant),
+                                              runs=runtime.runs.for_tenant(job.tenant),
                                               on_group=tracker.group)
             watch.cancel()
             await self._flush(job.id, tracker)

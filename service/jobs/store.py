@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson
+from rewardd.service.events import Event, decode_event, encode_event
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "queued", "running", "succeeded", "failed", "cancelled")
@@ -134,26 +134,6 @@ class Job:
                    started_at=opt_float("started_at"), finished_at=opt_float("finished_at"),
                    error=data.get("error") or None, attempts=int(data.get("attempts") or 0),
                    idempotency=data.get("idempotency") or None, digest=data.get("digest", ""))
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One stored event: ``seq`` is its id in the stream (1, 2, ...)."""
-
-    seq: int
-    kind: str
-    data: bytes
-    """The event's JSON."""
-
-
-def encode_event(kind: str, data: dict[str, Any]) -> bytes:
-    """Stored form: ``kind\\n<json>`` (orjson never writes a raw newline)."""
-    return kind.encode() + b"\n" + orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def decode_event(seq: int, raw: bytes) -> Event:
-    kind, _, data = raw.partition(b"\n")
-    return Event(seq, kind.decode(), data)
 
 
 class JobStore(abc.ABC):

@@ -3,10 +3,11 @@ advantages the moment it is whole, the batch's at the step's close.
 
 Routes in :mod:`rewardd.service.api.sessions`; the work in
 :class:`~rewardd.service.sessions.manager.SessionManager`, one per API process on
-``app.state.sessions`` (started and stopped by the app's lifespan). Other routes (the
-per-sample trainer protocols) feed sessions through the same manager::
+the app's :class:`~rewardd.service.services.Services` (started and stopped by the app's
+lifespan). Other routes (the per-sample trainer protocols) feed sessions through the same
+manager::
 
-    manager = request.app.state.sessions
+    manager = services.sessions
     sid = await manager.open(tenant, SessionSpec(...) or a dict)       # -> session id
     await manager.add(tenant, sid, [{"group_id", "prompt", "reference",
                                      "rollouts": [{...}, ...]}])        # -> {"accepted",
@@ -55,21 +56,9 @@ Semantics:
 
 from __future__ import annotations
 
-from typing import Any
-
 from rewardd.service.sessions.manager import (SessionBusy, SessionConflict, SessionManager,
                                               SessionNotFound)
 from rewardd.service.sessions.store import MemoryStore, RedisStore, SessionStore
 
-
-def install(app: Any) -> None:
-    """``app.state.sessions``: a manager over Redis when the app has a shared-state client
-    (``app.state.redis``), else in memory. The lifespan calls ``start()`` and ``stop()``."""
-    state = app.state
-    ttl = state.settings.session_ttl_s
-    store = MemoryStore(ttl) if state.redis is None else RedisStore(state.redis, ttl)
-    state.sessions = SessionManager(state, store)
-
-
 __all__ = ["MemoryStore", "RedisStore", "SessionBusy", "SessionConflict", "SessionManager",
-           "SessionNotFound", "SessionStore", "install"]
+           "SessionNotFound", "SessionStore"]

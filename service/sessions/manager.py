@@ -1,5 +1,5 @@
 """The session manager: rollouts in, checks out to the executors, groups published on
-completion, the batch computed at close. One per API process (``app.state.sessions``).
+completion, the batch computed at close. One per API process (the app's ``Services.sessions``).
 
 A group's document (:mod:`rewardd.service.sessions.store`) is the whole truth about it::
 
@@ -34,19 +34,20 @@ import uuid
 from typing import Any, AsyncIterator, Sequence
 
 import orjson
-from fastapi import HTTPException
 from pydantic import ValidationError
 
 from rewardd.advantages.checks import resolved_num_tokens
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import pipeline
-from rewardd.service.jobs.store import Event, encode_event
-from rewardd.service.limits import TenantBusy
+from rewardd.service.errors import Busy, Conflict, NotFound
+from rewardd.service.events import HEARTBEAT_S, Event, encode_event
 from rewardd.service.models import (Group, RewardSpec, Rollout, ScoreRequest, SessionRollouts,
                                     SessionSpec)
+from rewardd.service.runtime import Runtime
 from rewardd.service.sessions.locality import group_local
 from rewardd.service.sessions.results import group_event, session_result
 from rewardd.service.sessions.store import SessionStore
+from rewardd.service.settings import Settings
 from rewardd.service.tenancy import Tenant
 from rewardd.verifiers.base import FailureKind, Outcome, Sample
 from rewardd.workers import fairness
@@ -59,29 +60,22 @@ SWEEP_EVERY_S = 0.25
 POLL_S = 0.1
 """Waiters (events, long polls) re-read the store this often; this pod's own publications
 wake them at once."""
-HEARTBEAT_S = 15.0
 STANDING_KEEP_S = 300.0
 """A standing session's completed group is kept this long (see :meth:`SessionManager.standing`)."""
 OPEN, CLOSING, CLOSED, CANCELLED, EXPIRED = "open", "closing", "closed", "cancelled", "expired"
 ENDED = frozenset({CLOSED, CANCELLED, EXPIRED})
 
 
-class SessionNotFound(HTTPException):
-    def __init__(self, what: str) -> None:
-        super().__init__(404, what)
+class SessionNotFound(NotFound):
+    """No such session (or group) for this tenant (404)."""
 
 
-class SessionConflict(HTTPException):
-    def __init__(self, what: str) -> None:
-        super().__init__(409, what)
+class SessionConflict(Conflict):
+    """A resent rollout with other content, or a session or group no longer open (409)."""
 
 
-class SessionBusy(TenantBusy):
+class SessionBusy(Busy):
     """A tenant at its limit of open sessions or rollouts in flight (429)."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        Exception.__init__(self, message)
-        self.retry_after_s = retry_after_s
 
 
 def _name(tenant: Tenant | str) -> str:
@@ -97,7 +91,7 @@ def _valid_id(sid: str) -> bool:
     return len(sid) == 32 and all(c in "0123456789abcdef" for c in sid)
 
 
-def check_spec(spec: SessionSpec, settings: Any) -> None:
+def check_spec(spec: SessionSpec, settings: Settings) -> None:
     """The /v1/score checks of the spec's rewards and advantage (422 naming the field), run
     on a probe group: errors about the probe's own rollouts are not the spec's."""
     probe = Group(group_id="probe", rollouts=[
@@ -115,8 +109,8 @@ def check_spec(spec: SessionSpec, settings: Any) -> None:
 class SessionManager:
     """Streaming sessions of this API process; see the package docstring for the interface."""
 
-    def __init__(self, state: Any, store: SessionStore) -> None:
-        self.state = state
+    def __init__(self, runtime: Runtime, store: SessionStore) -> None:
+        self.runtime = runtime
         self.store = store
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: dict[str, set[asyncio.Task]] = {}
@@ -126,8 +120,8 @@ class SessionManager:
         self._sweeper: asyncio.Task | None = None
 
     @property
-    def settings(self) -> Any:
-        return self.state.settings
+    def settings(self) -> Settings:
+        return self.runtime.settings
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -160,7 +154,7 @@ class SessionManager:
         if await self.store.open_count(name) >= limit:
             raise SessionBusy(f"tenant {name!r} already has {limit} sessions open (its limit, "
                               "REWARDD_SESSION_MAX_OPEN); close one, or retry later",
-                              self.settings.retry_after_s)
+                              tenant=name, retry_after_s=self.settings.retry_after_s)
         sid, now = uuid.uuid4().hex, time.time()
         await self.store.create({"id": sid, "tenant": name, "state": OPEN,
                                  "spec": spec.model_dump(mode="json", exclude_unset=True),
@@ -200,7 +194,8 @@ class SessionManager:
         if fresh and not await self.store.reserve(name, self.owner, fresh, limit):
             raise SessionBusy(f"tenant {name!r} would have more than {limit} rollouts being "
                               "checked (REWARDD_SESSION_MAX_INFLIGHT, over every API pod); "
-                              "retry once some groups completed", self.settings.retry_after_s)
+                              "retry once some groups completed", tenant=name,
+                              retry_after_s=self.settings.retry_after_s)
         new_groups = sum(1 for g, _ in plan if g.group_id not in known)
         accepted: set[tuple[str, str]] = set()
         try:
@@ -510,7 +505,7 @@ class SessionManager:
         # the session is one flow of the fair queue; the checks that complete a group go first
         # within its share, taking their group's waiting checks along (fairness.flow)
         with fairness.flow(tenant, sid, urgent=urgent, group=doc["group_id"]):
-            results = await pipeline.run_calls(calls, self.state.executor)
+            results = await pipeline.run_calls(calls, self.runtime.executor)
         return {r["id"]: {s.name: results[k].items[i].outcome.to_dict()
                           for k, s in enumerate(specs)} for i, r in enumerate(rollouts)}
 
@@ -564,7 +559,7 @@ class SessionManager:
         standing = bool(record and record.get("standing"))
         # a standing session never closes: each group is a whole batch of its own, with the
         # tenant's run state (as /v1/score on that one group)
-        runs = self.state.runs.for_tenant(record["tenant"]) if standing and record else None
+        runs = self.runtime.runs.for_tenant(record["tenant"]) if standing and record else None
         event = await asyncio.to_thread(group_event, spec, doc,
                                         standing or group_local(spec.advantage), runs)
         if spec.group_timeout_s is not None:
@@ -629,7 +624,7 @@ class SessionManager:
                 await self._close_group(sid, spec, gid, "closed")
         if any(doc["state"] != "done" for doc in (await self.store.groups(sid)).values()):
             return False
-        runs = self.state.runs.for_tenant(record["tenant"])
+        runs = self.runtime.runs.for_tenant(record["tenant"])
 
         async def finish(rec: dict[str, Any]) -> tuple[bool, bool, list[bytes]]:
             if rec["state"] != CLOSING:

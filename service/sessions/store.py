@@ -3,7 +3,7 @@
 Stored like jobs (:mod:`rewardd.service.jobs.store`): in the API process without Redis
 (embedded mode), in Redis when ``REWARDD_STATE_URL`` or the broker is set, so that every API
 pod sees every session and another pod resumes a session whose pod died. Events use the jobs'
-encoding (:func:`rewardd.service.jobs.store.encode_event`): an event's id is its 1-based
+encoding (:func:`rewardd.service.events.encode_event`): an event's id is its 1-based
 position in the list, so ``Last-Event-ID`` resumes exactly on any pod.
 
 Why a document per group under a lock rather than one Lua script per transition
@@ -38,7 +38,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import orjson
 
-from rewardd.service.jobs.store import Event, decode_event
+from rewardd.service.events import Event, decode_event
 
 T = TypeVar("T")
 GroupUpdate = Callable[[dict[str, Any] | None], Awaitable[tuple[dict[str, Any] | None, T,

@@ -51,7 +51,7 @@ async def test_a_sample_past_the_tenants_limit_waits_for_the_slot_and_v1_is_refu
     assert refused.status_code == 429
     assert answer.status_code == 200 and answer.json()["reward"] == 1.0
     assert gated.entered == 2
-    assert await app.state.limiter.in_use(Tenant("alice", 1, 1)) == 0
+    assert await app.state.services.limiter.in_use(Tenant("alice", 1, 1)) == 0
 
 
 async def test_samples_arriving_while_a_batch_runs_are_scored_together():

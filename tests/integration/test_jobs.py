@@ -84,7 +84,7 @@ async def test_a_job_in_redis_gives_the_score_response_and_expires(
         workers: Any, redis_db: redis.Redis) -> None:
     body = echo_body()
     async with pod(job_ttl_s=600) as (app, http), pod() as (_, other):
-        assert isinstance(app.state.jobs, RedisJobStore)
+        assert isinstance(app.state.services.jobs.store, RedisJobStore)
         resp = await http.post("/v1/jobs", json=body, headers={"Idempotency-Key": "ttl"})
         assert resp.status_code == 202, resp.text
         job_id = resp.json()["id"]
@@ -103,8 +103,8 @@ async def test_a_job_in_redis_gives_the_score_response_and_expires(
         assert redis_db.get(idem).decode() == job_id
         assert job_id.encode() not in redis_db.smembers(ACTIVE_SET)
         assert redis_db.zscore(state_key("succeeded"), job_id) is not None
-        assert app.state.jobs.counts()["succeeded"] >= 1
-        assert await app.state.limiter.in_use(Tenant("default", 1, 1)) == 0
+        assert app.state.services.jobs.store.counts()["succeeded"] >= 1
+        assert await app.state.services.limiter.in_use(Tenant("default", 1, 1)) == 0
 
 
 async def test_idempotency_and_isolation_hold_across_pods(workers: Any) -> None:
@@ -140,15 +140,15 @@ async def test_a_cancel_through_another_pod_stops_the_job_and_revokes_its_tasks(
     body = sleepy_body(groups=4, seconds=30.0, timeout_s=2.0)  # 2 run, 2 wait in the queue
     async with pod() as (owner, one), pod() as (_, two):
         job_id = (await one.post("/v1/jobs", json=body)).json()["id"]
-        await wait_until(lambda: len(owner.state.executor._waiters) == 4,
+        await wait_until(lambda: len(owner.state.services.executor._waiters) == 4,
                          "the job's four tasks to be published")
         resp = await two.delete(f"/v1/jobs/{job_id}")
         assert resp.status_code == 200 and resp.json()["state"] == "cancelled"
         # the owning pod notices at its next lease renewal and stops waiting
-        await wait_until(lambda: not owner.state.job_runner.running(),
+        await wait_until(lambda: not owner.state.services.jobs.runner.running(),
                          "the owning pod to stop the job")
         # the executor dropped the job's waiters as the job stopped (not as results came)
-        assert not owner.state.executor._waiters
+        assert not owner.state.services.executor._waiters
         await wait_until(lambda: "Tasks flagged as revoked" in worker.output(),
                          "the worker to hear the revoke")
         assert (await one.get(f"/v1/jobs/{job_id}")).json()["state"] == "cancelled"
@@ -165,7 +165,7 @@ async def test_a_cancel_through_another_pod_stops_the_job_and_revokes_its_tasks(
 
 
 async def _free(app: Any) -> bool:
-    return await app.state.limiter.in_use(Tenant("default", 1, 1)) == 0
+    return await app.state.services.limiter.in_use(Tenant("default", 1, 1)) == 0
 
 
 # ---- the store's transitions, as two pods see them ---------------------------------------

@@ -108,7 +108,7 @@ def test_queue_depth_counts_messages_nobody_consumes(client: TestClient,
     samples = scrape(client)
     assert get(samples, "rewardd_queue_depth", queue=UNSERVED) == 0
     assert get(samples, "rewardd_queue_depth", queue="gpu") == 0
-    celery = client.app.state.executor.app
+    celery = client.app.state.services.executor.app
     args = ("test_block", [[[{"completion": "1", "prompt": "", "num_tokens": None}], {}]], {}, 1.0)
     with celery.producer_or_acquire() as producer:
         for priority in (None, 5, 9, 9):  # kombu keeps one Redis list per priority step

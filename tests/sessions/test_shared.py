@@ -146,7 +146,7 @@ async def test_a_pod_that_stopped_beating_has_its_checks_taken_over() -> None:
             sid = (await doomed.post("/v1/sessions", json=spec(2))).json()["session_id"]
             await doomed.post(f"/v1/sessions/{sid}/rollouts", json={"groups": groups_of(
                 {"a": [1.0, 0.0]})})
-            manager = doomed.app.state.sessions  # type: ignore[attr-defined]
+            manager = doomed.app.state.services.sessions  # type: ignore[attr-defined]
             await manager.stop()  # no more heartbeats: its owner key expires
             manager.store.beat = _never  # type: ignore[method-assign]
         got = (await survivor.get(f"/v1/sessions/{sid}/groups/a",

@@ -84,7 +84,7 @@ async def test_the_rollouts_in_flight_limit_holds_across_pods_and_forgets_a_dead
         assert (await two.post(f"/v1/sessions/{sid}/rollouts",
                                json=body("c"))).json()["accepted"] == 1
         # pod one stops beating with its two checks in flight: its count is dropped
-        manager = one.app.state.sessions  # type: ignore[attr-defined]
+        manager = one.app.state.services.sessions  # type: ignore[attr-defined]
         await manager.stop()
         manager.store.beat = _never  # type: ignore[method-assign]
         for _ in range(100):
@@ -107,7 +107,7 @@ async def test_a_standing_session_forgets_its_groups_is_made_anew_and_is_not_cou
     app = create_app(Settings(compat_config=json.dumps(config), plugins="tests.plugins.faulty",
                               session_max_open=1, session_idle_timeout_s=1.0),
                      executor=EchoExecutor())
-    manager = app.state.sessions
+    manager = app.state.services.sessions
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
                                      base_url="http://rewardd", timeout=60) as http:

@@ -103,9 +103,9 @@ def test_every_status_answered_is_documented(served: tuple[Any, TestClient]) -> 
     probe("GET", "/healthz", 200)
     probe("GET", "/metrics")
     probe("GET", "/readyz", 200)
-    app.state.executor.is_ready = False
+    app.state.services.executor.is_ready = False
     probe("GET", "/readyz", 503)
-    app.state.executor.is_ready = True
+    app.state.services.executor.is_ready = True
 
     # every body-reading route: success and the refusals of a body
     for path, body in BODIES.items():
@@ -119,8 +119,8 @@ def test_every_status_answered_is_documented(served: tuple[Any, TestClient]) -> 
 
     # every route: no key, then the tenant at its limit (whatever each answers then)
     routes = [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
-    limiter = app.state.limiter
-    tenant = app.state.keys.lookup("k")
+    limiter = app.state.services.limiter
+    tenant = app.state.services.keys.lookup("k")
     held = [f"held-by-the-test-{k}" for k in range(LIMIT)]
     for slot in held:
         asyncio.run(limiter.acquire(tenant, slot, force=True))

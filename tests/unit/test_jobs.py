@@ -115,7 +115,7 @@ def pool_started_tasks(executor: EmbeddedExecutor) -> int:
 async def test_a_job_gives_exactly_the_score_response(executor: EmbeddedExecutor) -> None:
     body = echo_body()
     async with serving(executor) as (app, http):
-        assert isinstance(app.state.jobs, MemoryJobStore)
+        assert isinstance(app.state.services.jobs.store, MemoryJobStore)
         resp = await http.post("/v1/jobs", json=body)
         assert resp.status_code == 202, resp.text
         submitted = JobSubmitted.model_validate(resp.json())
@@ -136,8 +136,8 @@ async def test_a_job_gives_exactly_the_score_response(executor: EmbeddedExecutor
                                 headers={"Accept": "application/msgpack"})
         assert packed.headers["content-type"] == "application/msgpack"
         assert msgpack.unpackb(packed.content)["result"] == direct.json()
-        assert app.state.jobs.counts()["succeeded"] == 1
-        assert await app.state.limiter.in_use(Tenant("default", 1, 1)) == 0
+        assert app.state.services.jobs.store.counts()["succeeded"] == 1
+        assert await app.state.services.limiter.in_use(Tenant("default", 1, 1)) == 0
 
 
 async def test_a_job_body_in_msgpack_is_read_like_score(executor: EmbeddedExecutor) -> None:
@@ -161,8 +161,8 @@ async def test_an_invalid_body_is_a_422_at_submit_and_no_job(executor: EmbeddedE
         typo["groups"][0]["rollouts"][0]["completon"] = "1"
         assert (await http.post("/v1/jobs", json=typo)).status_code == 422
         assert (await http.post("/v1/jobs", content=b"{nope")).status_code == 400
-        assert sum(app.state.jobs.counts().values()) == 0
-        assert await app.state.limiter.in_use(Tenant("default", 1, 1)) == 0
+        assert sum(app.state.services.jobs.store.counts().values()) == 0
+        assert await app.state.services.limiter.in_use(Tenant("default", 1, 1)) == 0
 
 
 # ---- idempotency ------------------------------------------------------------------------
@@ -190,7 +190,7 @@ async def test_a_retried_submit_with_the_same_key_returns_the_same_job(
         assert detail["loc"] == ["header", "Idempotency-Key"]
         assert detail["type"] == "idempotency_key_reused"
         assert job_id in detail["msg"]
-        counts = app.state.jobs.counts()
+        counts = app.state.services.jobs.store.counts()
         assert sum(counts.values()) == 1
         # another key is another job
         fresh = await http.post("/v1/jobs", json=echo_body(1),
@@ -213,7 +213,7 @@ async def test_concurrent_submits_with_one_key_make_one_job(executor: EmbeddedEx
         assert sorted(a.status_code for a in answers) == [200, 200, 200, 202]
         assert len({a.json()["id"] for a in answers}) == 1
         await final(http, answers[0].json()["id"])
-        assert sum(app.state.jobs.counts().values()) == 1
+        assert sum(app.state.services.jobs.store.counts().values()) == 1
 
 
 async def test_an_overlong_idempotency_key_is_a_422(executor: EmbeddedExecutor) -> None:
@@ -253,11 +253,11 @@ async def test_cancelling_a_running_job_stops_its_calls_and_frees_the_pool(
         # cancelling again is harmless
         again = await http.delete(f"/v1/jobs/{job_id}")
         assert again.status_code == 200 and again.json()["state"] == "cancelled"
-        assert app.state.jobs.counts()["cancelled"] == 1
+        assert app.state.services.jobs.store.counts()["cancelled"] == 1
 
 
 async def _free(app: Any) -> bool:
-    return await app.state.limiter.in_use(Tenant("default", 1, 1)) == 0
+    return await app.state.services.limiter.in_use(Tenant("default", 1, 1)) == 0
 
 
 async def test_cancelling_a_finished_job_keeps_its_final_state(
@@ -314,7 +314,7 @@ async def test_groups_are_published_before_the_job_ends(executor: EmbeddedExecut
                                                              fast_group=True))).json()["id"]
 
         async def fast_group_published() -> bool:
-            events = await app.state.jobs.events(job_id)
+            events = await app.state.services.jobs.store.events(job_id)
             return any(e.kind == "group" and orjson.loads(e.data)["group_id"] == "fast"
                        for e in events)
 
@@ -368,7 +368,7 @@ async def test_job_routes_need_a_key(executor: EmbeddedExecutor) -> None:
                 resp = await http.request(method, path, json=body, headers=headers)
                 assert resp.status_code == 401, (method, path)
                 assert resp.headers["www-authenticate"] == "Bearer"
-        assert sum(app.state.jobs.counts().values()) == 0
+        assert sum(app.state.services.jobs.store.counts().values()) == 0
 
 
 async def test_jobs_count_toward_the_tenant_limit(executor: EmbeddedExecutor) -> None:
@@ -382,7 +382,7 @@ async def test_jobs_count_toward_the_tenant_limit(executor: EmbeddedExecutor) ->
         assert "'alice'" in busy.json()["detail"]
         scoring = await http.post("/v1/score", json=echo_body(1), headers=ALICE)
         assert scoring.status_code == 429  # a job and a scoring request share the limit
-        assert sum(app.state.jobs.counts().values()) == 1  # the refused submit made nothing
+        assert sum(app.state.services.jobs.store.counts().values()) == 1  # the refused submit made nothing
         other = await http.post("/v1/jobs", json=echo_body(1), headers=BOB)
         assert other.status_code == 202  # bob has his own limit
         await http.delete(f"/v1/jobs/{slow}", headers=ALICE)
@@ -403,7 +403,7 @@ async def test_a_retry_at_the_limit_returns_the_running_job(executor: EmbeddedEx
 
 
 async def _zero(app: Any, tenant: Tenant) -> bool:
-    return await app.state.limiter.in_use(tenant) == 0
+    return await app.state.services.limiter.in_use(tenant) == 0
 
 
 # ---- the store ----------------------------------------------------------------------------
@@ -434,10 +434,11 @@ async def test_memory_store_expires_finished_jobs() -> None:
 
 async def test_a_quiet_stream_sends_progress_then_keep_alives(
         executor: EmbeddedExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rewardd.service.api import jobs as jobs_api
+    from rewardd.service import events
+    from rewardd.service.jobs import service as jobs_service
 
-    monkeypatch.setattr(jobs_api, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(jobs_api, "STREAM_POLL_S", 0.02)
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(jobs_service, "STREAM_POLL_S", 0.02)
     async with serving(executor) as (_, http):
         job_id = (await http.post("/v1/jobs", json=slow_body(60, groups=1))).json()["id"]
         await wait_until(lambda: pool_started_tasks(executor) == 1, "the slow call to run")

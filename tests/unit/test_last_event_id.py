@@ -61,11 +61,11 @@ def refusal(last: int, shown: str) -> dict[str, Any]:
 async def test_last_event_id_must_name_an_event_the_stream_sent(store: str) -> None:
     async with serving(store) as (app, http):
         kind = RedisJobStore if store == "redis" else MemoryJobStore
-        assert isinstance(app.state.jobs, kind)
+        assert isinstance(app.state.services.jobs.store, kind)
         job_id = (await http.post("/v1/jobs", json=BODY)).json()["id"]
         assert (await final(http, job_id))["state"] == "succeeded"
         url = f"/v1/jobs/{job_id}/events"
-        last = await app.state.jobs.last_event(job_id)
+        last = await app.state.services.jobs.store.last_event(job_id)
         assert last >= 1  # the end at least (this executor reports no finished group)
         every = list(range(1, last + 1))
 
@@ -91,7 +91,7 @@ async def test_last_event_id_must_name_an_event_the_stream_sent(store: str) -> N
 
 async def test_a_job_with_no_event_yet_accepts_only_zero() -> None:
     async with serving("memory") as (app, http):
-        executor = app.state.executor
+        executor = app.state.services.executor
         executor.gate.clear()  # the checks wait: no group event is stored
         job_id = (await http.post("/v1/jobs", json=BODY)).json()["id"]
         url = f"/v1/jobs/{job_id}/events"

@@ -101,7 +101,7 @@ def test_a_refused_job_is_not_created(app_client: tuple[Any, TestClient]) -> Non
     app, client = app_client
     resp = post(client, "/v1/jobs", score_body(completion=LONE), "json")
     assert resp.status_code == 422
-    assert sum(app.state.jobs.counts().values()) == 0
+    assert sum(app.state.services.jobs.store.counts().values()) == 0
 
 
 @pytest.mark.parametrize("wire", ["json", "msgpack"])

@@ -141,7 +141,7 @@ async def test_without_configured_keys_everyone_is_the_default_tenant() -> None:
     async with client(app) as http:
         resp = await http.post("/v1/advantages", json=advantages_body([1, 0], "run"))
         assert resp.status_code == 200
-    assert app.state.runs.view(f"{DEFAULT_TENANT}/run") is not None
+    assert app.state.services.runs.view(f"{DEFAULT_TENANT}/run") is not None
 
 
 # ---- run state isolation ------------------------------------------------------------------
@@ -213,7 +213,7 @@ async def test_a_failed_request_gives_its_slot_back() -> None:
         bad["rewards"][0]["verifier"] = "no_such_verifier"
         for _ in range(3):
             assert (await http.post("/v1/score", json=bad, headers=ALICE)).status_code == 422
-    assert await app.state.limiter.in_use(Tenant("alice", 1, 1)) == 0
+    assert await app.state.services.limiter.in_use(Tenant("alice", 1, 1)) == 0
 
 
 async def test_body_limit_is_per_tenant(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ async def test_six_concurrent_worker_requests_past_a_limit_of_two_run_two(
             executor.gate.set()
         assert [(await t).status_code for t in admitted] == [200] * LIMIT
     assert executor.entered == LIMIT  # the refused requests reached no worker
-    assert await app.state.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
+    assert await app.state.services.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
 
 
 async def test_six_concurrent_advantages_past_a_limit_of_two_run_two(
@@ -116,7 +116,7 @@ async def test_six_concurrent_advantages_past_a_limit_of_two_run_two(
             gated.gate.set()
         assert [(await t).status_code for t in admitted] == [200] * LIMIT
     assert gated.entered == LIMIT
-    assert await app.state.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
+    assert await app.state.services.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
 
 
 async def test_routes_share_one_pool_of_slots_per_tenant_and_other_tenants_are_not_held(
@@ -165,7 +165,7 @@ async def test_a_refused_or_invalid_request_holds_no_slot(
             assert bad.status_code == 422, bad.text
             bad = await http.post("/v1/advantages", json={"groups": "no"}, headers=ALICE)
             assert bad.status_code == 422, bad.text
-    assert await app.state.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
+    assert await app.state.services.limiter.in_use(Tenant("alice", LIMIT, 1)) == 0
 
 
 def test_every_slot_route_documents_429_with_retry_after() -> None:

@@ -1,0 +1,158 @@
+"""What a client does with a job: submit it, read it, cancel it, watch its events.
+
+REST (:mod:`rewardd.service.api.jobs`) and gRPC (SubmitJob, GetJob, CancelJob, WatchJob)
+both call :class:`JobService`; they only translate their wire format and map the service's
+errors (:mod:`rewardd.service.errors`). See the REST module's docstring for the contract a
+client sees (idempotency keys, event kinds, ``Last-Event-ID``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import orjson
+
+from rewardd.advantages.errors import Loc, RequestInvalid, error
+from rewardd.service import events, pipeline
+from rewardd.service.errors import NotFound
+from rewardd.service.events import Event
+from rewardd.service.gcpause import gc_paused
+from rewardd.service.jobs.runner import JobRunner
+from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
+from rewardd.service.models import ScoreRequest
+from rewardd.service.runtime import Runtime
+from rewardd.service.tenancy import Tenant
+
+IDEMPOTENCY_KEY_MAX = 255
+"""Longest ``Idempotency-Key`` (REST header, gRPC field) a submit may carry."""
+STREAM_POLL_S = 0.25
+"""A job's watchers read its store this often (events, progress)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgressTick:
+    """Progress of a running job, as a stream reports it between events."""
+
+    done: int
+    total: int
+
+
+def _encode(req: ScoreRequest) -> tuple[bytes, str]:
+    """(what the store keeps to re-run the job, digest of the request's meaning)."""
+    with gc_paused():
+        stored = req.model_dump_json(exclude_unset=True).encode()
+        canonical = orjson.dumps(req.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return stored, hashlib.sha256(canonical).hexdigest()
+
+
+def _same_body(job: Job, digest: str) -> Job:
+    """``job``, which a submit's Idempotency-Key names; a 422 when its body differed."""
+    if job.digest != digest:
+        raise RequestInvalid([error(
+            ("header", "Idempotency-Key"),
+            f"this Idempotency-Key was already used for a different request body (job "
+            f"{job.id}); send a new key with a new body", "idempotency_key_reused")])
+    return job
+
+
+class JobService:
+    """The jobs of one app: its store, this process's runner, and the runtime they use."""
+
+    def __init__(self, runtime: Runtime, store: JobStore) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.runner = JobRunner(runtime, store)
+
+    async def submit(self, tenant: Tenant, req: ScoreRequest,
+                     idempotency_key: str | None) -> tuple[Job, bool]:
+        """Check ``req``, take the tenant's slot and start its job: (the job, True), or (the
+        job an ``idempotency_key`` already named, False)."""
+        # a 422 now, never a failed job; off the event loop like every CPU-heavy step (see
+        # service.pipeline)
+        await asyncio.to_thread(pipeline.check_request, req, self.runtime.settings)
+        try:
+            stored, digest = await asyncio.to_thread(_encode, req)
+        except Exception as exc:  # e.g. msgpack bytes that JSON cannot carry
+            raise RequestInvalid([error(("body",), f"the body cannot be stored as JSON for "
+                                        f"a job: {exc}")]) from None
+        idempotency = key_digest(idempotency_key) if idempotency_key is not None else None
+        if idempotency is not None:
+            existing = await self.store.find(tenant.name, idempotency)
+            if existing is not None:
+                return _same_body(existing, digest), False
+        job = Job(id=uuid.uuid4().hex, tenant=tenant.name,
+                  tenant_limit=tenant.max_concurrent_jobs,
+                  total=sum(len(g.rollouts) for g in req.groups) * len(req.rewards),
+                  created_at=time.time(), idempotency=idempotency, digest=digest)
+        limiter = self.runtime.limiter
+        await limiter.admit(tenant, job.id)  # 429: nothing created
+        try:
+            created = await self.store.create(job, stored, self.runner.owner)
+        except BaseException:
+            await limiter.release(tenant, job.id)
+            raise
+        if created.id != job.id:  # a concurrent submit with the same key won
+            await limiter.release(tenant, job.id)
+            return _same_body(created, digest), False
+        self.runner.launch(created, req)
+        return created, True
+
+    async def own(self, tenant: Tenant, job_id: str) -> Job:
+        """The tenant's job ``job_id``; :class:`NotFound` for another tenant's job too."""
+        job = await self.store.get_for(tenant.name, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    async def result(self, job: Job) -> bytes | None:
+        """The stored /v1/score response (JSON) of a succeeded job, else None."""
+        return await self.store.result(job.id) if job.state == SUCCEEDED else None
+
+    async def cancel(self, job: Job) -> Job:
+        """Cancel ``job`` if still active; the job afterwards."""
+        if job.active:
+            job = await self.store.finish(job, "cancelled") or job
+            # this pod's runner at once; others notice at their next lease renewal
+            self.runner.cancel(job.id, "cancelled")
+        return job
+
+    async def resume_after(self, job_id: str, header: str | None,
+                           loc: Loc = events.LAST_EVENT_ID) -> int:
+        """:func:`rewardd.service.events.resume_after` on this job's stream."""
+        return await events.resume_after(self.store, job_id, header, loc)
+
+    async def watch(self, job_id: str, after: int, heartbeat_s: float | None = None
+                    ) -> AsyncIterator[Event | JobProgressTick | None]:
+        """The job's stored events after ``after`` as they happen, a :class:`JobProgressTick`
+        when progress changed between them, ``None`` after ``heartbeat_s`` (default
+        :data:`rewardd.service.events.HEARTBEAT_S`) of silence; ends after the terminal
+        event (or at once for a job that expired or already ended)."""
+        heartbeat_s = events.HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+        store = self.store
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        last_progress: tuple[int, int] | None = None
+        while True:
+            job = await store.get(job_id)  # before the events: a final state read here has
+            found = await store.events(job_id, after)  # its terminal event in this read
+            for event in found:
+                yield event
+                after = event.seq
+                quiet_since = loop.time()
+                if event.kind in FINAL:
+                    return
+            if job is None or job.state in FINAL:  # expired, or the client saw the end
+                return
+            if (job.done, job.total) != last_progress:
+                last_progress = (job.done, job.total)
+                yield JobProgressTick(job.done, job.total)
+                quiet_since = loop.time()
+            elif loop.time() - quiet_since >= heartbeat_s:
+                yield None
+                quiet_since = loop.time()
+            await asyncio.sleep(STREAM_POLL_S)
