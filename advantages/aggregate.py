@@ -31,7 +31,7 @@ Estimate = Callable[[AdvantageBatch], Advantages]
 
 
 @register("sum", kind="aggregate", formula="R_i = sum_k w_k r_i^k, then the estimator on R",
-          source="sum_then_normalize (ESTIMATORS.md); every trainer's default")
+          source="sum_then_normalize (docs/estimators.md); every trainer's default")
 def sum_then_normalize(batch: AdvantageBatch, params: EstimatorParams, pins: Pins,
                        estimate: Estimate) -> Advantages:
     """The weighted sum of the components is the reward; the estimator normalises it.
@@ -266,7 +266,7 @@ class Gd2poParams(DecoupledParams):
     signs (the paper's "hard" variant); 1 masks none."""
     consensus: Literal["agreement", "keep_ratio"] = "agreement"
     """Group weight. ``agreement``: mean of 1 - conflict over the group's included rollouts,
-    masked ones too (ESTIMATORS.md: mean agreement of its rollouts). ``keep_ratio``: the
+    masked ones too (docs/estimators.md: mean agreement of its rollouts). ``keep_ratio``: the
     fraction of them not masked (the released code's group keep ratio)."""
 
 

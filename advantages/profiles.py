@@ -1,4 +1,4 @@
-"""Trainer conventions ("pins") for group-relative estimators, from ESTIMATORS.md.
+"""Trainer conventions ("pins") for group-relative estimators, from docs/estimators.md.
 
 Trainers disagree on the std estimator, the epsilon added to it and what a group of one
 rollout gets. A ``profile`` fixes those pins so a trainer that moves its advantage

@@ -88,7 +88,7 @@ class DifficultyParams(ThresholdParams):
 @register("difficulty", kind="reweight", params=DifficultyParams,
           formula="A_i' = A_i (1 + alpha (d_g - 0.5)), "
                   "d_g = 1 - mean_{i in g} [r_i >= threshold]",
-          source="accuracy-aware difficulty weighting (ESTIMATORS.md)")
+          source="accuracy-aware difficulty weighting (docs/estimators.md)")
 def difficulty(batch: AdvantageBatch, advantages: Advantages, params: DifficultyParams,
                pins: Pins) -> Advantages:
     """Scale each group's advantages by a linear function of its difficulty d = 1 - accuracy

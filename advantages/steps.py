@@ -29,7 +29,7 @@ class GigpoParams(GrpoParams):
     omega: float = Field(1.0, ge=0.0)
     """Weight of the step term: A = A_episode + omega * A_step."""
     step_norm: Literal["mean", "mean_std"] = "mean"
-    """Step term: ``mean`` R - mean of the step group (ESTIMATORS.md); ``mean_std`` also
+    """Step term: ``mean`` R - mean of the step group (docs/estimators.md); ``mean_std`` also
     divides by the step group's std + eps (GiGPO's std-normalised variant)."""
     outcome_at_last_step: bool = True
     """Add the rollout's (outcome) reward to its last step's reward, as GiGPO's sparse

@@ -1,6 +1,6 @@
 """The v1 contract as pydantic models: validation, documentation and OpenAPI schema at once.
 
-Core field names come from ARCHITECTURE.md and are never renamed. Type rules live here
+Core field names come from docs/architecture.md and are never renamed. Type rules live here
 (pydantic reports them with their field path); rules that span fields or need a registry
 (per-token lengths, segment ranges, duplicate ids, parameters of a named verifier) live in
 ``service/validation.py`` so each error still names its exact path.

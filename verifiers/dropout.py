@@ -1,7 +1,7 @@
 """Rubric dropout: which rubric criteria a judge grades for one group at one step.
 
 Stdlib only, so a judge worker imports it without torch. Rubric dropout is a hook of the
-advantage catalogue (ESTIMATORS.md, reward transforms): a seeded random fraction of criteria
+advantage catalogue (docs/estimators.md, reward transforms): a seeded random fraction of criteria
 is dropped per group per step, the same subset for every rollout of the group.
 """
 

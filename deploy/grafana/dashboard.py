@@ -7,7 +7,7 @@ boilerplate. Here every panel is one line: title, unit, expressions. Run it afte
 panel (``.venv/bin/python deploy/grafana/dashboard.py``); tests/deploy/test_observability.py
 fails while the committed JSON differs from what it writes.
 
-Conventions the expressions follow (see the README's Observability section): series that
+Conventions the expressions follow (see docs/operations.md, "Observability"): series that
 describe the shared broker or the shared job store (queue depth and age, unacknowledged
 tasks, workers, jobs) are the same on every API pod and are read with ``max by``; counters
 and per-process gauges are summed.

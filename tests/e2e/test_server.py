@@ -1,7 +1,7 @@
 """End to end against a real ``rewardd serve`` process, through ``rewardd_client``.
 
 Every number checked here is recomputed in the test from first principles (the returned
-rewards, the estimator formulas of ARCHITECTURE.md / ESTIMATORS.md), not read back from
+rewards, the estimator formulas of docs/architecture.md / docs/estimators.md), not read back from
 the library under test.
 """
 

@@ -98,7 +98,7 @@ def test_rewardd_estimator_passes_rewardds_advantages_through_verl(estimator_che
 def test_rewardd_verl_profile_grpo_equals_verls_own_grpo(estimator_checks):
     out = estimator_checks
     assert out["grpo_max_abs_diff"] <= 1e-6
-    # the golden values of ESTIMATORS.md (verl, eps 1e-6), in float32
+    # the golden values of docs/estimators.md (verl, eps 1e-6), in float32
     assert out["verl_grpo_first_token"][:2] == pytest.approx([1.499997, -0.499999], abs=1e-6)
     assert out["grpo_first_token"][4:] == pytest.approx([0.707106, -0.707106], abs=1e-6)
 

@@ -134,7 +134,7 @@ def test_gdpo_reports_each_components_own_advantages_before_weights():
 @pytest.mark.parametrize("profile", ["rewardd", "verl", "trl"])
 def test_gdpo_is_whitened_with_the_profiles_whitening_pins(profile):
     pins = pins_for(profile)
-    assert "gdpo" in pins.whitened  # ESTIMATORS.md: verl and trl whiten GDPO; rewardd too
+    assert "gdpo" in pins.whitened  # docs/estimators.md: verl and trl whiten GDPO; rewardd too
     eps = pins.eps  # the group z-scores use the profile's grpo epsilon
     s0, s1 = 1 / math.sqrt(3) + eps, 1 / math.sqrt(2) + eps
     raw = [(5 / 3) / s0, (-1 / 3) / s0, (-4 / 3) / s0, -1 / s1, 1 / s1]

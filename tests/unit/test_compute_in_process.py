@@ -2,7 +2,7 @@
 
 ``rewardd.advantages.compute_advantages`` takes the body a trainer would POST to
 ``/v1/advantages`` and must answer the very body the route answers, bit for bit (the route
-runs the same functions); and the documented golden values of ESTIMATORS.md come out of it.
+runs the same functions); and the documented golden values of docs/estimators.md come out of it.
 """
 
 from __future__ import annotations

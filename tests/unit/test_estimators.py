@@ -1,7 +1,7 @@
 """GRPO-family estimators (grpo, dr_grpo, rloo) under every trainer profile.
 
 Checked two ways: directly through ``rewardd.advantages`` (AdvantageBatch + compute) and through
-the pure pipeline ``rewardd.service.pipeline.advantages``. Golden values come from ESTIMATORS.md; each
+the pure pipeline ``rewardd.service.pipeline.advantages``. Golden values come from docs/estimators.md; each
 is compared with the hand formula evaluated here in float64.
 """
 
