@@ -164,7 +164,7 @@ class Group(Contract):
 
 
 class Profile(str, Enum):
-    """Which trainer's numerical conventions to follow (ESTIMATORS.md, conventions table)."""
+    """Which trainer's numerical conventions to follow (docs/estimators.md, conventions table)."""
 
     rewardd = "rewardd"
     verl = "verl"

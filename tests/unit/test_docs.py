@@ -17,7 +17,8 @@ from tests.support.docs_tables import BLOCKS, REGENERATE, current
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCANNED = ("service", "workers", "verifiers", "advantages", "clients", "tests", "deploy", "docs")
+SCANNED = ("service", "workers", "verifiers", "advantages", "clients", "tests", "deploy", "docs",
+           "openapi")
 """Folders whose files' ``.md`` citations must resolve, with the top-level files below."""
 SCANNED_FILES = ("Makefile", "README.md", "pyproject.toml")
 TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".tpl", ".mjs", ".sh", ".cfg",
@@ -25,16 +26,7 @@ TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".tpl", ".mjs",
 SKIPPED_PARTS = {".venv", "node_modules", "__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIPPED_SUFFIXES = (".egg-info",)
 SKIPPED_FILES = {"tests/unit/test_docs.py"}
-"""This file names the citations it allows (:data:`KNOWN_UNRESOLVED`)."""
-
-KNOWN_UNRESOLVED = {
-    ("advantages/models.py", "ESTIMATORS.md"): (
-        "the Profile enum's docstring is its schema description in openapi/openapi.json, "
-        "which must stay byte-identical; say docs/estimators.md when the contract is next "
-        "regenerated"),
-}
-"""Citations that stay unresolved on purpose, each with the reason. A test fails once one
-is gone, so the list cannot outlive its reasons."""
+"""This file names citations in its own examples."""
 
 DOCS = ("docs/architecture.md", "docs/estimators.md", "docs/operations.md")
 
@@ -82,7 +74,7 @@ def bare_md_paths(text: str) -> list[str]:
 
 
 def test_every_md_citation_resolves_to_a_file_in_the_repository() -> None:
-    unresolved, known_seen = [], set()
+    unresolved = []
     for path in scanned_files():
         text = path.read_text(encoding="utf-8", errors="replace")
         cited = [t.split("#", 1)[0] for t in markdown_links(text) if t.split("#", 1)[0]]
@@ -92,16 +84,10 @@ def test_every_md_citation_resolves_to_a_file_in_the_repository() -> None:
                 continue  # links in markdown may name any file; code is checked for .md
             if resolves(path, target) is not None:
                 continue
-            if (rel(path), target) in KNOWN_UNRESOLVED:
-                known_seen.add((rel(path), target))
-                continue
             unresolved.append(f"{rel(path)}: {target}")
     assert not unresolved, ("citations of files that are not in the repository (write the "
                             "path from the repository root, e.g. docs/estimators.md):\n"
                             + "\n".join(unresolved))
-    assert known_seen == set(KNOWN_UNRESOLVED), (
-        "no longer cited, drop from KNOWN_UNRESOLVED: "
-        f"{sorted(set(KNOWN_UNRESOLVED) - known_seen)}")
 
 
 def slug(heading: str) -> str:
