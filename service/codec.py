@@ -30,7 +30,6 @@ bounded far below that by the models (:mod:`rewardd.advantages.bounds`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
@@ -273,12 +272,6 @@ def msgpack_type(accept: str) -> str | None:
 
 def wants_msgpack(request: Request) -> bool:
     return msgpack_type(request.headers.get("accept", "")) is not None
-
-
-async def render_off_loop(request: Request, payload: Any, status: int = 200) -> Response:
-    """:func:`render` in a worker thread: encoding a large answer (hundreds of MB of dense
-    advantages) takes seconds of CPU that the event loop must not spend."""
-    return await asyncio.to_thread(render, request, payload, status)
 
 
 def render(request: Request, payload: Any, status: int = 200) -> Response:

@@ -48,20 +48,27 @@ Task discipline, and why:
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
+import socket
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 from celery.backends.redis import RedisBackend
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_ready
+from celery.utils.collections import AttributeDict
 from celery.worker.control import inspect_command
 from kombu import Exchange, Queue
 
+from rewardd.verifiers import REGISTRY
+from rewardd.workers import exporter
 from rewardd.workers.settings import WorkerSettings
 from rewardd.workers.deadline import can_arm
 from rewardd.workers.executor import VerifyCall, hard_limit_for
+from rewardd.workers.liveness import Heartbeat
 from rewardd.workers.packing import Pack
 from rewardd.workers.routing import DEFAULT_QUEUE, Router
 from rewardd.workers.tasks import ping_task, verify_groups_task
@@ -266,7 +273,7 @@ def ping() -> dict[str, Any]:
 
 
 @inspect_command(name=CENSUS_COMMAND)
-def rewardd_census(state: Any) -> dict[str, Any]:
+def rewardd_census(state: AttributeDict) -> dict[str, Any]:
     """Remote inspect command: the queues this worker consumes and its pool size, in one
     reply. The API's census is then one broadcast; asking Celery's ``active_queues`` and
     ``stats`` one after the other was two, and the second often missed its reply window."""
@@ -368,12 +375,6 @@ def run_worker(settings: WorkerSettings) -> None:
     Only verifiers routed to this worker's queues are warmed, so a ``cpu`` worker never loads
     a GPU judge; nothing else is started in the parent.
     """
-    import importlib
-    import socket
-
-    from rewardd.verifiers import REGISTRY
-    from rewardd.workers import exporter
-
     app = create_celery(settings)  # validates the settings first
     exporter.start(settings.worker_metrics_port, settings.worker_metrics_host,
                    settings.queue_timeout_s)
@@ -406,9 +407,6 @@ def _start_heartbeat_when_ready(app: Celery, settings: WorkerSettings, hostname:
     """Once the worker consumes, its main process beats (:class:`rewardd.workers.liveness.
     Heartbeat`): the API sees it as a live consumer of ``queues``, and the tasks it holds go
     back on their queues within REWARDD_WORKER_LOST_AFTER_S if it vanishes."""
-    from celery.signals import worker_ready
-
-    from rewardd.workers.liveness import Heartbeat
 
     def on_ready(**_: Any) -> None:
         Heartbeat(app, hostname, queues, settings.worker_concurrency,

@@ -41,6 +41,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
+from rewardd.verifiers.code.runtimes import isolation
+
 log = logging.getLogger(__name__)
 
 VERDICTS = frozenset({"passed", "failed", "partial", "wrong_answer", "runtime_error", "timeout",
@@ -130,8 +132,6 @@ class _WorkerMetrics:
         self.memory.set(_resident_bytes())
 
     def sandbox_level(self) -> None:
-        from rewardd.verifiers.code.runtimes import isolation
-
         level = isolation().level
         for name in ("full", "namespaces", "none"):
             self.isolation.labels(name).set(1.0 if name == level else 0.0)

@@ -36,7 +36,8 @@ exact match): inside ``tests``/``input_output`` (``inputs``, ``outputs``, ``fn_n
 ``checker``, and at the top level, where a group's one reference may also hold the keys of
 the other verifiers scoring it (``answer`` for ``math``, ``rubric``...): the API refuses a
 top-level key that none of the request's verifiers documents (``reference_fields``), a
-worker (which sees only this verifier) one that no registered verifier documents.
+worker (which sees only this verifier) one that no registered verifier documents
+(:func:`~rewardd.verifiers.registry.registered_fields`).
 :func:`unknown_keys` lists them with their paths; the API refuses them with a 422 before
 anything runs.
 
@@ -58,6 +59,7 @@ from rewardd.verifiers.base import InvalidReference
 from rewardd.verifiers.code.checker import CHECKER_KEYS, Checker, parse_checker
 from rewardd.verifiers.code.compare import Expectation
 from rewardd.verifiers.code.types import Language, TestRun
+from rewardd.verifiers.registry import registered_fields
 
 Style = Literal["stdio", "call", "assert"]
 
@@ -134,13 +136,6 @@ def _top_level(reference: Mapping[str, Any],
     return [(path, message + (" (nor a key of this request's other verifiers)" if shared
                               else "")) for path, message in _unknown(reference, REFERENCE_KEYS, ())
             if path[0] not in shared]
-
-
-def registered_fields() -> frozenset[str]:
-    """The reference keys that any registered verifier documents (plugins included)."""
-    from rewardd.verifiers import REGISTRY  # the registry imports this module
-
-    return frozenset(key for v in REGISTRY.values() for key in v.reference_fields)
 
 
 def unknown_keys(reference: Any,
@@ -701,4 +696,4 @@ def parse_reference(reference: Mapping[str, Any], language: Language | None = No
 
 
 __all__ = ["REFERENCE_KEYS", "TABLE_KEYS", "Spec", "Style", "language_of", "parse_reference",
-           "parse_test_code", "registered_fields", "unknown_keys"]
+           "parse_test_code", "unknown_keys"]

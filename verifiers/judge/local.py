@@ -135,12 +135,6 @@ def cached_models() -> dict[tuple[str, str, str, str], LoadedModel]:
         return dict(_CACHE)
 
 
-def clear_model_cache() -> None:
-    """Forget every cached model (the memory is freed once no caller holds an entry)."""
-    with _CACHE_LOCK:
-        _CACHE.clear()
-
-
 def _load(key: tuple[str, str, str, str]) -> LoadedModel:
     kind, path, device, dtype = key
     if not os.path.isdir(path):
