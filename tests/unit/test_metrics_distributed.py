@@ -369,7 +369,7 @@ async def test_unreachable_broker_and_deadline_are_counted(stubbed: Any,
     future = loop.create_future()
     before = value("rewardd_tasks_total", queue="cpu", state="expired")
     executor.collector.watch("late", future, time.monotonic() - 1, lambda m: m, "cpu", "math",
-                    time.monotonic())
+                             time.monotonic())
     await asyncio.wait_for(future, 5)
     assert value("rewardd_tasks_total", queue="cpu", state="expired") - before == 1
     assert isinstance(executor.collector.waiters, dict) and not executor.collector.waiters
