@@ -135,12 +135,12 @@ class FleetCensus:
         call it off the event loop. None for a broker that is not Redis."""
         if self.closed:
             return None
-        keys = self.queue_keys()
-        if keys is None:
+        keys, url = self.queue_keys(), self.settings.broker_url
+        if keys is None or url is None:
             return None
         if self._depth_client is None:
             self._depth_client = redis.Redis.from_url(
-                self.settings.broker_url, socket_connect_timeout=DEPTH_TIMEOUT_S,
+                url, socket_connect_timeout=DEPTH_TIMEOUT_S,
                 socket_timeout=DEPTH_TIMEOUT_S)
         with self._depth_client.pipeline(transaction=False) as pipe:
             for names in keys.values():
