@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 UNACKED_SCRIPT = """
 local counts, oldest = {}, {}
@@ -105,6 +108,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def queue_lists(transport_options: Mapping[str, Any],
+                queues: Iterable[str]) -> dict[str, list[str]]:
+    """The Redis lists of each queue, as kombu's Redis transport names them: the queue's own
+    list plus one per priority step (``cpu\\x06\\x163``...), under the transport's
+    ``global_keyprefix``."""
+    prefix = transport_options.get("global_keyprefix", "")
+    steps = sorted(set(transport_options.get("priority_steps", PRIORITY_STEPS)) | {0})
+    sep = transport_options.get("sep", Channel.sep)
+    return {queue: [f"{prefix}{queue}" if step == 0 else f"{prefix}{queue}{sep}{step}"
+                    for step in steps] for queue in queues}
+
+
 def probe_for(executor: Any) -> BrokerProbe | None:
     """The probe of a Celery executor's Redis broker (its queues, key prefix and priority
     steps, as kombu names them); None for any other executor or broker."""
@@ -114,14 +129,7 @@ def probe_for(executor: Any) -> BrokerProbe | None:
     url = getattr(settings, "broker_url", None) or ""
     if router is None or app is None or not url.startswith(("redis://", "rediss://")):
         return None
-    import redis
-    from kombu.transport.redis import PRIORITY_STEPS, Channel
-
     options = app.conf.broker_transport_options or {}
-    prefix = options.get("global_keyprefix", "")
-    steps = sorted(set(options.get("priority_steps", PRIORITY_STEPS)) | {0})
-    sep = options.get("sep", Channel.sep)
-    keys = {queue: [f"{prefix}{queue}" if step == 0 else f"{prefix}{queue}{sep}{step}"
-                    for step in steps] for queue in router.queues}
     client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
-    return BrokerProbe(client, keys, prefix, settings.queue_timeout_s)
+    return BrokerProbe(client, queue_lists(options, router.queues),
+                       options.get("global_keyprefix", ""), settings.queue_timeout_s)

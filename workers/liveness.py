@@ -272,7 +272,8 @@ def observe(client: Any, restore: Callable[[str], None], declare: Callable[[list
                      lost, requeued), current
 
 
-def missing_tasks(broker: Any, backend: Any, task_ids: list[str], result_keys: list[str],
+def missing_tasks(broker: Any, backend: Any, task_ids: list[str],
+                  result_keys: list[bytes | str],
                   queue_keys: list[str]) -> list[str]:
     """Of ``task_ids`` (with their result keys in ``backend``), those in no queue list of
     ``broker``, not unacknowledged there and without a stored result: what Redis lost. Reads

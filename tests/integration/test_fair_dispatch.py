@@ -60,18 +60,18 @@ def sleeper(name: str, seconds: float = 0.2) -> VerifyCall:
 def spy(executor: CeleryExecutor) -> list[str]:
     """The first completion of every task published, in order."""
     published: list[str] = []
-    real = executor._publish
+    real = executor.publisher.publish
 
     def publish(jobs: list[tuple[str, Any]], flows: Any = None) -> dict[str, Exception]:
         published.extend(pack.samples[0].completion for _, pack in jobs)
         return real(jobs, flows)
 
-    executor._publish = publish  # type: ignore[method-assign]
+    executor.publisher.publish = publish  # type: ignore[method-assign]
     return published
 
 
 def waiting(executor: CeleryExecutor) -> int:
-    fair = executor._fair.get("cpu")
+    fair = executor.publisher._fair.get("cpu")
     return fair.waiting if fair is not None else 0
 
 
@@ -82,7 +82,7 @@ def test_a_small_request_is_published_before_most_of_a_big_ones_tasks(
 
     async def watch() -> None:
         while True:
-            peak["waiters"] = max(peak["waiters"], len(executor._waiters))
+            peak["waiters"] = max(peak["waiters"], len(executor.collector.waiters))
             peak["broker"] = max(peak["broker"], int(db.llen("cpu")))
             await asyncio.sleep(0.005)
 
@@ -91,7 +91,7 @@ def test_a_small_request_is_published_before_most_of_a_big_ones_tasks(
         with flow("t1"):
             big = asyncio.create_task(executor.run([sleeper(f"a{i}") for i in range(20)]))
         await wait_until(lambda: waiting(executor) == 18, "the queue to fill")
-        before = len(published) + len(executor._outbox)
+        before = len(published) + len(executor.publisher._outbox)
         with flow("t2"):
             small = await asyncio.wait_for(executor.run([sleeper("b0"), sleeper("b1")]),
                                            HANG_S)
@@ -125,16 +125,17 @@ def test_cancelled_requests_leave_the_window_whole(executor: CeleryExecutor) -> 
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            fair = executor._fair.get("cpu")  # None: cancelled before it started
+            fair = executor.publisher._fair.get("cpu")  # None: cancelled before it started
             assert fair is None or (fair.waiting, fair.running) == (0, 0)  # at once
         return await asyncio.wait_for(executor.run([sleeper(f"after{i}", 0.0)
                                                     for i in range(4)]), HANG_S)
 
     after = asyncio.run(main())
     assert [result.items[0].outcome.reward for result in after] == [1.0] * 4
-    assert executor._fair["cpu"].stats() == {"waiting_calls": 0, "waiting_flows": 0,
-                                             "running_calls": 0, "in_use": 0, "capacity": WINDOW}
-    assert executor._outbox == [] and executor._fair["cpu"]._active == {}
+    assert executor.publisher._fair["cpu"].stats() == {"waiting_calls": 0, "waiting_flows": 0,
+                                                       "running_calls": 0, "in_use": 0,
+                                                       "capacity": WINDOW}
+    assert executor.publisher._outbox == [] and executor.publisher._fair["cpu"]._active == {}
 
 
 def test_close_settles_the_waiting_tasks_unavailable(executor: CeleryExecutor) -> None:
@@ -151,10 +152,10 @@ def test_close_settles_the_waiting_tasks_unavailable(executor: CeleryExecutor) -
 def test_the_default_window_follows_the_census(db: redis.Redis) -> None:
     ex = CeleryExecutor(settings(dispatch_window=None))
     try:
-        assert ex._window("cpu") == 8  # no census yet
+        assert ex.publisher.window("cpu") == 8  # no census yet
         asyncio.run(ex.census())
         assert ex.slots_by_queue() == {"cpu": 1}
-        assert ex._window("cpu") == 2  # 2 per worker slot
-        assert CeleryExecutor(settings(dispatch_window=0))._window("cpu") == 0
+        assert ex.publisher.window("cpu") == 2  # 2 per worker slot
+        assert CeleryExecutor(settings(dispatch_window=0)).publisher.window("cpu") == 0
     finally:
         ex.close()

@@ -140,7 +140,7 @@ async def test_a_cancel_through_another_pod_stops_the_job_and_revokes_its_tasks(
     body = sleepy_body(groups=4, seconds=30.0, timeout_s=2.0)  # 2 run, 2 wait in the queue
     async with pod() as (owner, one), pod() as (_, two):
         job_id = (await one.post("/v1/jobs", json=body)).json()["id"]
-        await wait_until(lambda: len(owner.state.services.executor._waiters) == 4,
+        await wait_until(lambda: len(owner.state.services.executor.collector.waiters) == 4,
                          "the job's four tasks to be published")
         resp = await two.delete(f"/v1/jobs/{job_id}")
         assert resp.status_code == 200 and resp.json()["state"] == "cancelled"
@@ -148,7 +148,7 @@ async def test_a_cancel_through_another_pod_stops_the_job_and_revokes_its_tasks(
         await wait_until(lambda: not owner.state.services.jobs.runner.running(),
                          "the owning pod to stop the job")
         # the executor dropped the job's waiters as the job stopped (not as results came)
-        assert not owner.state.services.executor._waiters
+        assert not owner.state.services.executor.collector.waiters
         await wait_until(lambda: "Tasks flagged as revoked" in worker.output(),
                          "the worker to hear the revoke")
         assert (await one.get(f"/v1/jobs/{job_id}")).json()["state"] == "cancelled"

@@ -21,7 +21,8 @@ from rewardd.service.settings import Settings
 from tests.support.executors import RefusingExecutor
 from tests.support.server import REPO_ROOT, child_env
 from rewardd.verifiers.base import Outcome, Sample
-from rewardd.workers.distributed import CeleryExecutor, _Waiter
+from rewardd.workers.collector import Waiter
+from rewardd.workers.distributed import CeleryExecutor
 from rewardd.workers.executor import CallResult, ItemResult, VerifyCall
 from rewardd.workers.packing import Pack
 
@@ -245,8 +246,8 @@ class StubBackend:
 def stubbed() -> Iterator[tuple[CeleryExecutor, StubRedis]]:
     executor = CeleryExecutor(SETTINGS)
     client = StubRedis()
-    executor._backend = StubBackend(client)
-    executor._depth_client = client
+    executor.collector.backend = StubBackend(client)
+    executor.fleet_census._depth_client = client
     yield executor, client
     executor.close()
 
@@ -277,19 +278,19 @@ def test_workers_by_queue_reuses_a_fresh_census(stubbed: Any, monkeypatch: Any) 
     def take_census() -> None:
         time.sleep(0.05)
         taken.append(1)
-        executor._census_at = time.monotonic()
+        executor.fleet_census._taken_at = time.monotonic()
 
-    monkeypatch.setattr(executor, "_take_census", take_census)
-    executor._census_at = time.monotonic()
+    monkeypatch.setattr(executor.fleet_census, "take", take_census)
+    executor.fleet_census._taken_at = time.monotonic()
     assert executor.workers_by_queue() is None  # none taken yet
-    executor._census = {"workers": 2, "workers_by_queue": {"cpu": 2, "gpu": 1}}
+    executor.fleet_census._report = {"workers": 2, "workers_by_queue": {"cpu": 2, "gpu": 1}}
     for _ in range(5):
         assert executor.workers_by_queue() == {"cpu": 2, "sandbox": 0, "gpu": 1, "judges": 0}
     assert taken == []  # fresh: no broadcast per scrape
-    executor._census_at = time.monotonic() - 60  # stale: one census in the background
+    executor.fleet_census._taken_at = time.monotonic() - 60  # stale: one census in the background
     executor.workers_by_queue()
     executor.workers_by_queue()
-    executor._census_job.result(timeout=5)
+    executor.fleet_census._job.result(timeout=5)
     assert taken == [1]
 
 
@@ -306,7 +307,7 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
     """A group task that fails as a whole is replayed sample by sample; a one-sample task
     was redelivered twice after its worker died. The stub 'worker' answers every publish."""
     executor, client = stubbed
-    monkeypatch.setattr("rewardd.workers.distributed.POLL_MIN_S", 0.001)
+    monkeypatch.setattr("rewardd.workers.collector.POLL_MIN_S", 0.001)
     group = VerifyCall("math", (Sample("a"), Sample("b")), {"answer": "1"}, {}, 1.0)
     single = VerifyCall("judge", (Sample("c"),), {}, {}, 1.0)
     published: list[tuple[str, Pack]] = []
@@ -325,7 +326,7 @@ async def test_task_metrics_of_a_batch_with_a_replay_and_a_redelivery(stubbed: A
                 client.hashes[f"rewardd-deliveries-{task_id}"] = {"redeliveries": b"2"}
         return {}
 
-    monkeypatch.setattr(executor, "_publish", publish)
+    monkeypatch.setattr(executor.publisher, "publish", publish)
 
     def counters() -> dict[str, float]:
         return {
@@ -355,7 +356,7 @@ async def test_unreachable_broker_and_deadline_are_counted(stubbed: Any,
                                                            monkeypatch: Any) -> None:
     executor, client = stubbed
     call = VerifyCall("math", (Sample("a"),), {}, {}, 1.0)
-    monkeypatch.setattr(executor, "_publish",
+    monkeypatch.setattr(executor.publisher, "publish",
                         lambda jobs, flows=None: {task_id: OSError("no route")
                                                  for task_id, _ in jobs})
     before = value("rewardd_tasks_total", queue="cpu", state="unavailable")
@@ -367,19 +368,19 @@ async def test_unreachable_broker_and_deadline_are_counted(stubbed: Any,
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     before = value("rewardd_tasks_total", queue="cpu", state="expired")
-    executor._watch("late", future, time.monotonic() - 1, lambda m: m, "cpu", "math",
-                    time.monotonic())
+    executor.collector.watch("late", future, time.monotonic() - 1, lambda m: m, "cpu", "math",
+                             time.monotonic())
     await asyncio.wait_for(future, 5)
     assert value("rewardd_tasks_total", queue="cpu", state="expired") - before == 1
-    assert isinstance(executor._waiters, dict) and not executor._waiters
+    assert isinstance(executor.collector.waiters, dict) and not executor.collector.waiters
 
 
 def test_pings_are_not_counted(stubbed: Any) -> None:
     executor, client = stubbed
     before = value("rewardd_tasks_total", queue="cpu", state="success")
-    waiter = _Waiter("celery-task-meta-p", None, 0.0, lambda m: m)  # type: ignore[arg-type]
+    waiter = Waiter("celery-task-meta-p", None, 0.0, lambda m: m)  # type: ignore[arg-type]
     client.values["celery-task-meta-p"] = meta("SUCCESS", {"pong": "pong"})
-    [(task_id, settled)] = executor._fetch([("p", waiter)])
+    [(task_id, settled)] = executor.collector._fetch([("p", waiter)])
     assert task_id == "p" and settled["status"] == "SUCCESS"
     assert value("rewardd_tasks_total", queue="cpu", state="success") == before
 
@@ -440,13 +441,13 @@ class StubTask:
 def test_publishing_in_pipelines(monkeypatch: Any, fail_flush: bool) -> None:
     executor = CeleryExecutor(SETTINGS)
     producer = StubProducer(fail_flush)
-    executor.app = StubApp(producer, executor.app)
-    executor._verify = StubTask(producer, bad={"t5"})
-    monkeypatch.setattr("rewardd.workers.distributed.PIPELINE_SIZE", 4)
+    executor.publisher.app = StubApp(producer, executor.app)
+    executor.publisher._verify = StubTask(producer, bad={"t5"})
+    monkeypatch.setattr("rewardd.workers.publisher.PIPELINE_SIZE", 4)
     call = VerifyCall("math", (Sample("1"),), {}, {}, 1.0)
     jobs = [(f"t{i}", call) for i in range(10)]
     try:
-        errors = executor._publish(jobs)
+        errors = executor.publisher.publish(jobs)
     finally:
         executor.close()
     assert list(errors) == ["t5"] and isinstance(errors["t5"], TypeError)
