@@ -68,7 +68,7 @@ test-trl: install redis .venv-trl/.installed
 	.venv-trl/bin/python -m pip install --quiet --upgrade pip
 	.venv-trl/bin/python -m pip install --quiet torch==2.13.0
 	.venv-trl/bin/python -m pip install --quiet trl==1.16.0 transformers==5.24.0 accelerate==1.16.0
-	.venv-trl/bin/python -m pip install --quiet -e ./clients/python
+	.venv-trl/bin/python -m pip install --quiet -e './clients/python[trl]'
 	touch $@
 
 # verl 0.9.1's own reward loading, reward loop and managers, estimator registry and
@@ -84,9 +84,10 @@ test-verl: install redis .venv-verl/.installed
 	.venv-verl/bin/python -m pip install --quiet torch==2.13.0
 	.venv-verl/bin/python -m pip install --quiet --no-deps verl==0.9.1
 	.venv-verl/bin/python -m pip install --quiet 'tensordict>=0.8,!=0.9.0,<=0.10.0' \
-	  'transformers>=5.5.3,!=5.6.0,<5.11' numpy packaging omegaconf ray aiohttp codetiming \
+	  'transformers>=5.5.3,!=5.6.0,<5.11' numpy packaging omegaconf ray codetiming \
 	  orjson torchdata datasets pillow peft cachetools fastapi uvicorn
-	.venv-verl/bin/python -m pip install --quiet -e ./clients/python
+	# aiohttp (which verl's reward loop imports without declaring it) comes with the extra
+	.venv-verl/bin/python -m pip install --quiet -e './clients/python[verl]'
 	touch $@
 
 # OpenRLHF 0.11.2's own reward-function loader and caller (openrlhf.utils.agent, installed
@@ -102,7 +103,7 @@ test-openrlhf-slime: install redis .venv-openrlhf/.installed
 	.venv-openrlhf/bin/python -m pip install --quiet torch==2.13.0
 	.venv-openrlhf/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2
 	.venv-openrlhf/bin/python -m pip install --quiet aiohttp sympy pylatexenc transformers==5.15.0
-	.venv-openrlhf/bin/python -m pip install --quiet -e ./clients/python
+	.venv-openrlhf/bin/python -m pip install --quiet -e './clients/python[openrlhf]'
 	touch $@
 
 # Two fresh environments: rewardd-client alone (no server, no torch), and the server beside

@@ -27,10 +27,12 @@ import httpx
 import pytest
 
 from rewardd_client._trl_advantages import advantages_request, component_names, dense
-from rewardd_client.trl import (TRLInputError, async_reward_function, async_reward_functions,
-                                completion_text, prompt_text, reward_function, reward_functions,
-                                rewardd_advantages)
+from rewardd_client.trl import (NotInCatalogue, TRLInputError, async_reward_function,
+                                async_reward_functions, completion_text, prompt_text,
+                                reward_function, reward_functions, rewardd_advantages)
 from tests.support.server import REPO_ROOT, child_env
+from tests.support.trl_standin import Batch as StandIn
+from tests.support.trl_standin import StandInTrainer, rows_of, single_process_accelerate
 from tests.trainers.conftest import SCRIPTS, run_script, trainer_python
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(900)]
@@ -269,6 +271,54 @@ def test_rewardd_advantages_refuses_what_is_not_a_grpo_trainer() -> None:
         rewardd_advantages(object(), "http://127.0.0.1:1")
 
 
+# ---- the advantages hook's round trips, on a stand-in trainer (tests/support) -------------
+
+ROUTES = ("/v1/rewards", "/v1/advantages", "/v1/score")
+TEMPO = {"estimator": "tempo", "params": {"beta": 1.0}}
+IDS = [[1, 2], [1, 2, 3, 4, 5, 6, 7, 8], [3], [3, 4, 5]]
+
+
+def hooked_step(url: str, functions: list, advantage: Any, answers: list[str]
+                ) -> tuple[list[list[float]], dict[str, float]]:
+    """One step of a stand-in GRPOTrainer (2 groups of 2) hooked by rewardd_advantages: the
+    advantages TRL would train on and the requests the server answered meanwhile."""
+    trainer = rewardd_advantages(StandInTrainer(functions, num_generations=2), url, advantage)
+    step = StandIn(prompts=["p0", "p0", "p1", "p1"], completions=["3", "4", "8", "x"],
+                   completion_ids=IDS, answers=answers)
+    before = {route: served(url, route) for route in ROUTES}
+    advantages = rows_of(trainer.step(step), IDS)
+    return advantages, {route: served(url, route) - before[route] for route in ROUTES
+                        if served(url, route) - before[route]}
+
+
+@pytest.mark.parametrize("advantage", [TEMPO, {"estimator": "grpo", "weights": {"length": 0.5}}],
+                         ids=["tempo", "grpo-weighted"])
+@pytest.mark.parametrize("answers, one_call", [
+    (["3", "3", "8", "8"], {"/v1/score": 1}),
+    (["3", "3", "", ""], {"/v1/score": 1, "/v1/advantages": 1}),  # math fails, length passes
+], ids=["clean", "partly-failed"])
+def test_one_score_request_gives_the_two_call_paths_advantages(rewardd_url, monkeypatch,
+                                                              advantage, answers, one_call):
+    single_process_accelerate(monkeypatch)
+    together = reward_functions(rewardd_url, MATH_AND_LENGTH)  # made by one call: one request
+    apart = [reward_functions(rewardd_url, [spec])[0] for spec in MATH_AND_LENGTH]
+    fused, fused_requests = hooked_step(rewardd_url, together, advantage, answers)
+    two_calls, two_call_requests = hooked_step(rewardd_url, apart, advantage, answers)
+    assert fused_requests == one_call
+    assert two_call_requests == {"/v1/rewards": 2, "/v1/advantages": 1}  # one per function
+    assert fused == two_calls
+    assert len({round(v, 6) for row in fused for v in row}) > 2
+
+
+def test_an_unknown_verifier_or_estimator_fails_when_built(rewardd_url, monkeypatch) -> None:
+    single_process_accelerate(monkeypatch)
+    with pytest.raises(NotInCatalogue, match="'mathh' \\(did you mean 'math'\\?\\)"):
+        reward_functions(rewardd_url, [{"name": "math", "verifier": "mathh"}])
+    functions = reward_functions(rewardd_url, MATH_AND_LENGTH)
+    with pytest.raises(NotInCatalogue, match="advantage.estimator: .* 'tempoo'"):
+        rewardd_advantages(StandInTrainer(functions, num_generations=2), rewardd_url, "tempoo")
+
+
 # ---- TRL's GRPOTrainer -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -286,7 +336,7 @@ def tiny_qwen2(trl_python: str, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def train(python: str, model: Path, url: str, out: Path, mode: str) -> dict[str, Any]:
     """Run scripts/trl_grpo.py on 2 processes; return what each recorded and the requests
     the server answered meanwhile."""
-    routes = ("/v1/rewards", "/v1/advantages")
+    routes = ("/v1/rewards", "/v1/advantages", "/v1/score")
     before = {route: served(url, route) for route in routes}
     run_script(python, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         str(SCRIPTS / "trl_grpo.py"), "--model", str(model), "--url", url,
@@ -378,7 +428,7 @@ def test_trl_logged_each_component_and_the_failed_cells(trl_run: dict) -> None:
 
 def test_trl_component_functions_sent_one_request_per_batch(trl_run: dict) -> None:
     # 2 steps x 2 processes, two reward functions each: 4 requests, not 8
-    assert trl_run["requests"] == {"/v1/rewards": 4, "/v1/advantages": 0}
+    assert trl_run["requests"] == {"/v1/rewards": 4, "/v1/advantages": 0, "/v1/score": 0}
 
 
 def tempo_expected(run: dict[str, Any], url: str) -> list[list[list[float]]]:
@@ -423,9 +473,13 @@ def test_trl_loss_used_rewardd_tempo_per_token_advantages(tempo_run: dict,
     assert varying > 0  # per-token values, not one scalar per completion
 
 
-def test_trl_tempo_run_asked_rewardd_once_per_batch(tempo_run: dict) -> None:
-    # rewards: one async function, 2 processes x 2 steps; advantages: the main process only
-    assert tempo_run["requests"] == {"/v1/rewards": 4, "/v1/advantages": 2}
+def test_trl_tempo_run_scored_each_step_in_one_request(tempo_run: dict) -> None:
+    """Rewards and advantages of a step in one POST /v1/score from the main process, where
+    the rewards-then-advantages path sent 3 per step (a /v1/rewards per process, then
+    /v1/advantages: 4 and 2 in these 2 steps). The step holding the empty answer has partly
+    failed rollouts (math fails, length passes): it alone asks /v1/advantages again, so TRL's
+    None convention holds (test_trl_loss_used_rewardd_tempo_per_token_advantages)."""
+    assert tempo_run["requests"] == {"/v1/rewards": 0, "/v1/advantages": 1, "/v1/score": 2}
 
 
 def test_trl_tempo_run_was_conversational_with_an_async_reward(tempo_run: dict) -> None:
@@ -445,7 +499,8 @@ def test_a_refused_advantages_request_fails_every_process(trl_python: str, tiny_
     proc = subprocess.run(
         [trl_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(SCRIPTS / "trl_grpo.py"), "--model", str(tiny_qwen2), "--url", rewardd_url,
-         "--out", str(tmp_path), "--mode", "tempo", "--estimator", "no_such_estimator"],
+         "--out", str(tmp_path), "--mode", "tempo", "--estimator", "no_such_estimator",
+         "--no-validate"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     errors = [(tmp_path / f"rank{r}.error").read_text() for r in (0, 1)]

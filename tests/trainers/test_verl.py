@@ -103,6 +103,31 @@ def test_rewardd_verl_profile_grpo_equals_verls_own_grpo(estimator_checks):
     assert out["grpo_first_token"][4:] == pytest.approx([0.707106, -0.707106], abs=1e-6)
 
 
+PLUGIN_WITHOUT_AIOHTTP = """
+import sys
+sys.modules["aiohttp"] = None  # as in an environment without it
+import verl  # verl 0.9.1 loads its plugins here and logs their failures at debug level
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+try:
+    get_adv_estimator_fn("rewardd")
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_plugin_that_cannot_load_says_why_at_error_through_verls_own_loader():
+    """What a new user met: aiohttp missing, verl swallowed the plugin's ImportError and the
+    run failed later with only 'Unknown advantage estimator'. The plugin now logs the missing
+    package and the command at ERROR (verl's logging shows WARNING and above) first."""
+    python = trainer_python("REWARDD_VERL_PYTHON", "test-verl")
+    proc = run_script(python, ["-c", PLUGIN_WITHOUT_AIOHTTP])
+    assert proc.stdout.strip() == "Unknown advantage estimator simply: rewardd"
+    error = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(error) == 1, proc.stderr
+    assert "'aiohttp' is not installed" in error[0]
+    assert error[0].endswith("pip install 'rewardd-client[verl]'")
+
+
 # ---- settings: no verl needed --------------------------------------------------------------
 
 def test_settings_precedence_keyword_then_config_section_then_environment(monkeypatch):
@@ -117,6 +142,15 @@ def test_settings_precedence_keyword_then_config_section_then_environment(monkey
     assert (from_config.base_url, from_config.run_id) == ("http://config:2", "exp-1")
     assert from_config.rewards == [{"name": "math", "verifier": "math"}]
     assert settings_from(section, base_url="http://kw:3").base_url == "http://kw:3"
+
+
+def test_a_bare_estimator_name_is_that_estimator_under_verls_conventions(monkeypatch):
+    monkeypatch.setenv("REWARDD_ADVANTAGE", "grpo")
+    assert settings_from({"base_url": "http://x:1"}).advantage == {"estimator": "grpo",
+                                                                   "profile": "verl"}
+    monkeypatch.setenv("REWARDD_ADVANTAGE", "rloo")
+    assert settings_from({"base_url": "http://x:1"}).advantage == {"estimator": "rloo",
+                                                                   "profile": "verl"}
 
 
 def test_settings_default_to_math_and_verl_grpo(monkeypatch):

@@ -1,5 +1,5 @@
-"""What the reward-only adapters (OpenRLHF, slime) share: where the server and the reward
-components come from, and how one rollout's result becomes the one number a trainer trains on.
+"""What the adapters share: where the server, the reward components and the advantage spec
+come from, and how one rollout's result becomes the one number a trainer trains on.
 
 Configuration: an argument wins, then the environment (``REWARDD_URL``, ``REWARDD_REWARDS``),
 then the trainer's own setting where it has one (slime's ``--rm-url``). Environment variables
@@ -10,6 +10,9 @@ trainer loads works everywhere and is what the documented examples use.
 ``REWARDD_REWARDS`` is either JSON (a list of reward specs, or one spec object, as
 ``POST /v1/rewards`` takes them) or a comma-separated list of verifier names, each becoming
 the component ``{"name": v, "verifier": v}``: ``REWARDD_REWARDS=math`` is the common case.
+An advantage spec (``REWARDD_ADVANTAGE``, verl's ``advantage`` key, the TRL adapter's
+argument) is read by one parser, :func:`parse_advantage`, so every adapter takes the same
+forms: an estimator name (``grpo``) or a spec (a mapping, or JSON text of one).
 
 Failed cells: rewardd reports a rollout whose cell failed without a ``fallback`` as excluded
 (reward null). Some trainers have a place for that (TRL takes None); OpenRLHF and slime
@@ -23,12 +26,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+import re
+from typing import Any, Mapping, Sequence, Union
 
 RewardSpecs = Sequence[Mapping[str, Any]]
+AdvantageArg = Union[str, Mapping[str, Any]]
+"""An advantage spec as a user writes it: a mapping, JSON text of one, or an estimator name."""
 
 URL_VARIABLE = "REWARDD_URL"
 REWARDS_VARIABLE = "REWARDD_REWARDS"
+ADVANTAGE_VARIABLE = "REWARDD_ADVANTAGE"
+
+_ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")  # the server's Name
 
 
 class AdapterConfigError(ValueError):
@@ -70,6 +79,32 @@ def parse_rewards(text: str) -> list[dict[str, Any]]:
         return specs
     names = [name.strip() for name in text.split(",") if name.strip()]
     return [{"name": name, "verifier": name} for name in names]
+
+
+def parse_advantage(value: AdvantageArg, profile: str,
+                    setting: str = "advantage") -> dict[str, Any]:
+    """An ``advantage`` spec of ``POST /v1/advantages`` from any form an adapter accepts (the
+    TRL adapter's argument, verl's ``advantage`` key, ``REWARDD_ADVANTAGE``): a mapping is
+    the spec; text starting with ``{`` is JSON of one; any other text is an estimator name,
+    short for ``{"estimator": name, "profile": profile}`` (the adapter's own trainer's
+    conventions, so ``grpo`` under verl is verl's GRPO). A mapping or JSON keeps the profile
+    it names. ``setting`` names the source in errors (:class:`AdapterConfigError`)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.startswith("{"):
+            if not _ESTIMATOR_NAME.match(text):
+                raise AdapterConfigError(f"{setting}: {value!r} is neither an estimator name "
+                                         f"(such as grpo) nor a JSON advantage spec")
+            return {"estimator": text, "profile": profile}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AdapterConfigError(f"{setting}: not valid JSON ({exc})") from exc
+    if not isinstance(value, Mapping):
+        raise AdapterConfigError(f"{setting}: expected an estimator name or an advantage spec "
+                                 f"object such as {{'estimator': 'grpo', 'profile': "
+                                 f"{profile!r}}}, not {type(value).__name__}")
+    return dict(value)
 
 
 def resolve_url(base_url: str | None, trainer_default: str | None = None) -> str:

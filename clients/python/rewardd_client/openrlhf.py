@@ -41,6 +41,7 @@ import warnings
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from rewardd_client._groups import runs_of_equal
+from rewardd_client._requires import require
 from rewardd_client._rewards import (RewardSpecs, reference_of, resolve_rewards, resolve_url,
                                      rollout_reward, rollouts_by_id)
 from rewardd_client.client import RewarddClient
@@ -96,7 +97,9 @@ def reward_function(base_url: str | None = None, rewards: RewardsArg = None, *,
     ``"math"`` / ``"math,format"``; default ``REWARDD_REWARDS``). ``scores`` (OpenRLHF's
     dynamic-filtering value) is the trained reward, or the component ``score_component``.
     ``client_options`` go to :class:`~rewardd_client.RewarddClient` (``api_key``, ``wire``,
-    ``timeout``). Nothing is resolved until the first call."""
+    ``timeout``). Needs torch (``pip install 'rewardd-client[openrlhf]'``; OpenRLHF has it),
+    checked now; the server and components are not resolved until the first call."""
+    require(("torch",), adapter="rewardd_client.openrlhf", extra="openrlhf")
     state: dict[str, Any] = {}
     lock = threading.Lock()
 

@@ -28,8 +28,13 @@ Choices made here:
 - Chat prompts and completions (lists of messages) are sent as text: the completion is the
   content of its assistant messages, joined by newlines; the prompt is ``role: content``
   lines. Content given as parts keeps its text parts.
+- The specs are checked against the server's catalogue when the functions are made
+  (:mod:`rewardd_client._catalogue`): an unknown verifier fails then, not at the first step
+  after generation; an unreachable server fails too, unless ``validate=False``.
 - :func:`rewardd_advantages` replaces the advantages TRL computed by rewardd's per-token
-  advantages (any estimator of the catalogue); its docstring says how and why.
+  advantages (any estimator of the catalogue), in one ``POST /v1/score`` per step when the
+  trainer's reward functions are these (the functions then send nothing themselves); its
+  module (:mod:`rewardd_client._trl_advantages`) says how and why.
 
 Nothing here imports TRL at module level, so the client installs and imports without it.
 """
@@ -37,134 +42,13 @@ Nothing here imports TRL at module level, so the client installs and imports wit
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from rewardd_client import AsyncRewarddClient, RewarddClient
-from rewardd_client._groups import runs_of_equal
-from rewardd_client._rewards import resolve_rewards
+from rewardd_client._catalogue import CatalogueUnavailable, NotInCatalogue, check_rewards
+from rewardd_client._trl_batch import (TRAINER_KEYWORDS, Batch, ReferenceFn, RewardSpecs,
+                                       TRLInputError, completion_text, prompt_text, specs_of)
 from rewardd_client.client import Wire
-
-RewardSpecs = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
-"""Verifier names (``"math"``: one component of that name; ``"math,length"``), one reward spec dict
-(``{"name": ..., "verifier": ..., "weight": ..., "params": ...}``) or a list of them."""
-
-ReferenceFn = Callable[[Mapping[str, Any]], Mapping[str, Any]]
-
-TRAINER_KEYWORDS = frozenset({"trainer_state", "log_extra", "log_metric", "environments"})
-"""Keywords TRL adds beside the dataset columns; they are not columns."""
-
-class TRLInputError(ValueError):
-    """What the adapter was given or called with cannot make a rewardd request.
-
-    ``field`` names the argument or dataset column, ``reason`` says what is wrong with it."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-def _specs(rewards: RewardSpecs) -> list[dict[str, Any]]:
-    if isinstance(rewards, str):  # "math", "math,length" or JSON, as REWARDD_REWARDS takes them
-        return resolve_rewards(rewards)
-    listed = [rewards] if isinstance(rewards, Mapping) else list(rewards)
-    if not listed:
-        raise TRLInputError("rewards", "at least one reward spec is needed")
-    for index, spec in enumerate(listed):
-        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
-            raise TRLInputError(f"rewards[{index}]", "a reward spec is a dict with a string "
-                                "'name' and a 'verifier' (see GET /v1/verifiers)")
-    return [dict(spec) for spec in listed]
-
-
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(part.get("text", "") for part in content
-                       if isinstance(part, Mapping) and part.get("type") == "text")
-    return "" if content is None else str(content)
-
-
-def prompt_text(prompt: Any) -> str:
-    """A TRL prompt as text: a string as it is, a list of messages as ``role: content`` lines."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{m.get('role', '')}: {_content(m.get('content'))}" for m in prompt)
-
-
-def completion_text(completion: Any) -> str:
-    """A TRL completion as text: a string as it is; of a list of messages, the content of the
-    assistant messages, joined by newlines (tool results and other roles are not the model's)."""
-    if isinstance(completion, str):
-        return completion
-    return "\n".join(_content(m.get("content")) for m in completion
-                     if m.get("role") == "assistant")
-
-
-class _Batch:
-    """Builds the ``POST /v1/rewards`` body of one TRL call; rollout ``r<i>`` is flat index i."""
-
-    def __init__(self, specs: list[dict[str, Any]], reference_column: str | None,
-                 reference_fn: ReferenceFn | None, run_id: str | None) -> None:
-        self.specs = specs
-        self.reference_column = reference_column
-        self.reference_fn = reference_fn
-        self.run_id = run_id
-
-    def _references(self, prompts: Sequence[Any], columns: Mapping[str, Any]) -> list[dict]:
-        size = len(prompts)
-        for name, values in columns.items():
-            if not isinstance(values, (list, tuple)) or len(values) != size:
-                raise TRLInputError(name, f"a dataset column must be a list of {size} values "
-                                    "(one per completion), as TRL passes them")
-        if self.reference_fn is not None:
-            references = []
-            for i in range(size):
-                reference = self.reference_fn({"prompt": prompts[i],
-                                               **{k: v[i] for k, v in columns.items()}})
-                if not isinstance(reference, Mapping):
-                    raise TRLInputError("reference_fn", "must return a dict (the group's "
-                                        f"reference), returned {type(reference).__name__}")
-                references.append(dict(reference))
-            return references
-        if self.reference_column is None:
-            return [{} for _ in range(size)]
-        if self.reference_column not in columns:
-            raise TRLInputError(self.reference_column, "no such dataset column; TRL passed "
-                                f"{sorted(columns) or 'no columns'} (set reference_column, "
-                                "or reference_fn, or reference_column=None)")
-        return [{"answer": value} for value in columns[self.reference_column]]
-
-    def body(self, prompts: Sequence[Any], completions: Sequence[Any],
-             completion_ids: Sequence[Sequence[int]] | None, kwargs: Mapping[str, Any]
-             ) -> dict[str, Any]:
-        if len(completions) != len(prompts):
-            raise TRLInputError("completions", f"{len(completions)} completions for "
-                                f"{len(prompts)} prompts")
-        if completion_ids is not None and len(completion_ids) != len(prompts):
-            raise TRLInputError("completion_ids", f"{len(completion_ids)} entries for "
-                                f"{len(prompts)} prompts")
-        columns = {k: v for k, v in kwargs.items() if k not in TRAINER_KEYWORDS}
-        references = self._references(prompts, columns)
-        groups = []
-        for number, run in enumerate(runs_of_equal(list(zip(prompts, references)))):
-            rollouts = []
-            for i in run:
-                rollout: dict[str, Any] = {"rollout_id": f"r{i}",
-                                           "completion": completion_text(completions[i])}
-                if completion_ids is not None:
-                    rollout["num_tokens"] = len(completion_ids[i])
-                rollouts.append(rollout)
-            groups.append({"group_id": f"g{number}", "prompt": prompt_text(prompts[run[0]]),
-                           "reference": references[run[0]], "rollouts": rollouts})
-        body: dict[str, Any] = {"groups": groups, "rewards": self.specs}
-        if self.run_id is not None:
-            body["run_id"] = self.run_id
-        state = kwargs.get("trainer_state")
-        if getattr(state, "global_step", None) is not None:
-            body["step"] = int(state.global_step)  # rubric dropout draws per step
-        return body
 
 
 def _by_rollout(answer: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -229,7 +113,7 @@ class _SharedCall:
 class _Function:
     """Shared by the sync and async reward functions: the request body and reading answers."""
 
-    def __init__(self, batch: _Batch, call: _SharedCall, component: str | None, name: str,
+    def __init__(self, batch: Batch, call: _SharedCall, component: str | None, name: str,
                  weight: float) -> None:
         self._batch, self._call, self.component = batch, call, component
         self.__name__ = name
@@ -276,9 +160,11 @@ class AsyncRewardFunction(_Function):
 def _make(kind: type[_Function], base_url: str, rewards: RewardSpecs,
           reference_column: str | None, components: bool, *, reference_fn: ReferenceFn | None,
           run_id: str | None, name: str | None, wire: Wire, api_key: str | None,
-          timeout: float, client: Any) -> list[Any]:
-    specs = _specs(rewards)
-    batch = _Batch(specs, reference_column, reference_fn, run_id)
+          timeout: float, client: Any, validate: bool) -> list[Any]:
+    specs = specs_of(rewards)
+    if validate:
+        _check_specs(specs, base_url, wire, api_key, timeout, client)
+    batch = Batch(specs, reference_column, reference_fn, run_id)
     call = _SharedCall(base_url, wire, api_key, timeout, client)
     if not components:
         label = name or (specs[0]["name"] if len(specs) == 1 else "rewardd")
@@ -286,11 +172,22 @@ def _make(kind: type[_Function], base_url: str, rewards: RewardSpecs,
     return [kind(batch, call, s["name"], s["name"], float(s.get("weight", 1.0))) for s in specs]
 
 
+def _check_specs(specs: list[dict[str, Any]], base_url: str, wire: Wire, api_key: str | None,
+                 timeout: float, client: Any) -> None:
+    """The specs' verifiers against ``GET /v1/verifiers`` (:mod:`rewardd_client._catalogue`),
+    with the caller's blocking client, else a short-lived one of the same settings."""
+    if isinstance(client, RewarddClient):
+        check_rewards(client, specs)
+        return
+    with RewarddClient(base_url, wire=wire, api_key=api_key, timeout=timeout) as checker:
+        check_rewards(checker, specs)
+
+
 def reward_function(base_url: str, rewards: RewardSpecs, reference_column: str | None = "answer",
                     *, reference_fn: ReferenceFn | None = None, run_id: str | None = None,
                     name: str | None = None, wire: Wire = "json", api_key: str | None = None,
-                    timeout: float = 600.0, client: RewarddClient | None = None
-                    ) -> RewardFunction:
+                    timeout: float = 600.0, client: RewarddClient | None = None,
+                    validate: bool = True) -> RewardFunction:
     """A TRL reward function returning rewardd's weighted reward of each completion.
 
     ``rewards``: the reward components (:data:`RewardSpecs`). The dataset column
@@ -301,10 +198,16 @@ def reward_function(base_url: str, rewards: RewardSpecs, reference_column: str |
     TRL's ``trainer_state.global_step`` as ``step``. ``__name__`` (what TRL logs it as) is
     ``name``, else the one component's name, else ``"rewardd"``. ``client`` reuses a client;
     otherwise one is made on first use from ``wire``, ``api_key`` and ``timeout``.
+
+    ``validate`` (default True) checks, now, that every spec's verifier is one the server
+    offers (``GET /v1/verifiers``): an unknown one raises :class:`NotInCatalogue` naming it and
+    the known ones, instead of a 422 at the first step, after generation. An unreachable
+    server raises :class:`CatalogueUnavailable`; ``validate=False`` skips the check (to build
+    the functions before the server is up).
     """
     return _make(RewardFunction, base_url, rewards, reference_column, False,
                  reference_fn=reference_fn, run_id=run_id, name=name, wire=wire,
-                 api_key=api_key, timeout=timeout, client=client)[0]
+                 api_key=api_key, timeout=timeout, client=client, validate=validate)[0]
 
 
 def async_reward_function(base_url: str, rewards: RewardSpecs,
@@ -312,42 +215,45 @@ def async_reward_function(base_url: str, rewards: RewardSpecs,
                           reference_fn: ReferenceFn | None = None, run_id: str | None = None,
                           name: str | None = None, wire: Wire = "json",
                           api_key: str | None = None, timeout: float = 600.0,
-                          client: AsyncRewarddClient | None = None) -> AsyncRewardFunction:
+                          client: AsyncRewarddClient | None = None,
+                          validate: bool = True) -> AsyncRewardFunction:
     """:func:`reward_function`, async: TRL awaits it on its event loop beside other async
     reward functions, so slow verifiers overlap with them."""
     return _make(AsyncRewardFunction, base_url, rewards, reference_column, False,
                  reference_fn=reference_fn, run_id=run_id, name=name, wire=wire,
-                 api_key=api_key, timeout=timeout, client=client)[0]
+                 api_key=api_key, timeout=timeout, client=client, validate=validate)[0]
 
 
 def reward_functions(base_url: str, rewards: RewardSpecs, reference_column: str | None = "answer",
                      *, reference_fn: ReferenceFn | None = None, run_id: str | None = None,
                      wire: Wire = "json", api_key: str | None = None, timeout: float = 600.0,
-                     client: RewarddClient | None = None) -> list[RewardFunction]:
+                     client: RewarddClient | None = None,
+                     validate: bool = True) -> list[RewardFunction]:
     """One TRL reward function per component of ``rewards`` (named after it, returning its
     value, None where its cell failed), all served by one request per batch. Pass
     ``reward_weights=[f.weight for f in functions]`` to ``GRPOConfig`` when the specs weigh
     components other than 1. Other arguments as in :func:`reward_function`."""
     return _make(RewardFunction, base_url, rewards, reference_column, True,
                  reference_fn=reference_fn, run_id=run_id, name=None, wire=wire,
-                 api_key=api_key, timeout=timeout, client=client)
+                 api_key=api_key, timeout=timeout, client=client, validate=validate)
 
 
 def async_reward_functions(base_url: str, rewards: RewardSpecs,
                            reference_column: str | None = "answer", *,
                            reference_fn: ReferenceFn | None = None, run_id: str | None = None,
                            wire: Wire = "json", api_key: str | None = None,
-                           timeout: float = 600.0, client: AsyncRewarddClient | None = None
-                           ) -> list[AsyncRewardFunction]:
+                           timeout: float = 600.0, client: AsyncRewarddClient | None = None,
+                           validate: bool = True) -> list[AsyncRewardFunction]:
     """:func:`reward_functions`, async: TRL gathers them concurrently; they still send one
     request per batch."""
     return _make(AsyncRewardFunction, base_url, rewards, reference_column, True,
                  reference_fn=reference_fn, run_id=run_id, name=None, wire=wire,
-                 api_key=api_key, timeout=timeout, client=client)
+                 api_key=api_key, timeout=timeout, client=client, validate=validate)
 
 
 from rewardd_client._trl_advantages import rewardd_advantages  # noqa: E402  (re-export)
 
-__all__ = ["AsyncRewardFunction", "RewardFunction", "TRLInputError", "async_reward_function",
+__all__ = ["AsyncRewardFunction", "CatalogueUnavailable", "NotInCatalogue", "RewardFunction",
+           "RewardSpecs", "TRAINER_KEYWORDS", "TRLInputError", "async_reward_function",
            "async_reward_functions", "completion_text", "prompt_text", "reward_function",
            "reward_functions", "rewardd_advantages"]

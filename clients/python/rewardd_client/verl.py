@@ -49,7 +49,11 @@ Configuration, first found wins: the call's keyword arguments (``reward_kwargs``
 ``algorithm.rewardd`` for the estimator: keys ``base_url``, ``rewards``, ``advantage``,
 ``run_id``, ``reference_key``, ``batch_window_s``, ``api_key``, ``wire``, ``timeout``), the
 environment (``REWARDD_URL``; ``REWARDD_REWARDS``, default ``math``; ``REWARDD_ADVANTAGE``,
-JSON, default ``{"estimator": "grpo", "profile": "verl"}``). The environment reaches verl's
+default ``{"estimator": "grpo", "profile": "verl"}``). An advantage spec takes the TRL
+adapter's forms (one parser, :func:`rewardd_client._rewards.parse_advantage`): an estimator
+name (``rloo``: that estimator under verl's conventions, ``{"estimator": "rloo", "profile":
+"verl"}``, so ``grpo`` is the default) or a spec, JSON text or a config mapping, taken as
+written (without ``profile`` the server's default, ``rewardd``). The environment reaches verl's
 Ray actors only when they start on the driver's machine or through Ray's ``runtime_env``;
 config keys reach them everywhere.
 

@@ -3,8 +3,14 @@
 Imported by verl itself: ``rewardd-client`` declares this module under the ``verl.plugins``
 entry-point group, which verl 0.9.1 loads on ``import verl`` in every process, so
 ``reward.reward_manager.name=rewardd`` and ``algorithm.adv_estimator=rewardd`` resolve in the
-driver, the trainer actor and the reward workers alike. Needs verl (and torch); the rest of
-the adapter (:mod:`rewardd_client.verl`, where the design is explained) does not.
+driver, the trainer actor and the reward workers alike. Needs verl, torch, numpy and aiohttp
+(``pip install 'rewardd-client[verl]'``); the rest of the adapter (:mod:`rewardd_client.verl`,
+where the design is explained) does not.
+
+A failed import is logged at ERROR before it is raised: verl 0.9.1 loads plugins in
+``verl/__init__.py`` inside ``try: ep.load() except Exception`` and logs the exception at
+debug level, so without the log a missing package (aiohttp, which verl's reward loop imports
+but verl does not declare) left only ``Unknown advantage estimator simply: rewardd`` later.
 
 The manager's one-request batching. verl's reward loop calls ``run_single`` once per sample:
 a worker turns its chunk of the batch into one task per sample and gathers them, so every
@@ -27,12 +33,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
-import torch
-from verl import DataProto
-from verl.experimental.reward_loop.reward_manager import register
-from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
-from verl.trainer.ppo.core_algos import register_adv_est
+from rewardd_client._requires import announce, missing_dependency
+
+try:
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager import register
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+    from verl.trainer.ppo.core_algos import register_adv_est
+except ImportError as exc:  # verl would hide it (debug log): say it at ERROR, then raise
+    raise announce(missing_dependency(
+        exc, adapter="rewardd_client.verl_plugin (verl's 'rewardd' reward manager and "
+        "advantage estimator)", extra="verl", trainer="verl", trainer_version=">=0.9.1")) from exc
 
 from rewardd_client._groups import runs_of_equal
 from rewardd_client._rewards import reference_of

@@ -12,22 +12,23 @@ adapter is loaded.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from rewardd_client._rewards import (AdapterConfigError, RewardFailed, resolve_rewards,
-                                     resolve_url, rollout_reward)
+from rewardd_client._rewards import (ADVANTAGE_VARIABLE, AdapterConfigError, RewardFailed,
+                                     parse_advantage, resolve_rewards, resolve_url,
+                                     rollout_reward)
 from rewardd_client.client import AsyncRewarddClient, RewarddClient
 
 __all__ = ["ADVANTAGE_VARIABLE", "DEFAULT_ADVANTAGE", "FAILED_KEY", "RewardFailed", "Settings",
            "extra_info_of", "settings_from"]
 
-ADVANTAGE_VARIABLE = "REWARDD_ADVANTAGE"
 DEFAULT_REWARDS = "math"
-DEFAULT_ADVANTAGE: Mapping[str, Any] = {"estimator": "grpo", "profile": "verl"}
+VERL_PROFILE = "verl"
+DEFAULT_ADVANTAGE: Mapping[str, Any] = {"estimator": "grpo", "profile": VERL_PROFILE}
+"""What ``REWARDD_ADVANTAGE=grpo`` means too: verl's own GRPO, exactly."""
 EXTRA_PREFIX = "rewardd_"
 FAILED_KEY = "rewardd_failed"
 _CLIENT_KEYS = ("api_key", "wire", "timeout")
@@ -78,18 +79,15 @@ def _plain(value: Any) -> Any:
 
 
 def _advantage_spec(value: Any) -> dict[str, Any]:
-    if value is None:
-        value = os.environ.get(ADVANTAGE_VARIABLE) or dict(DEFAULT_ADVANTAGE)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise AdapterConfigError(f"{ADVANTAGE_VARIABLE} / advantage: not valid JSON "
-                                     f"({exc})") from exc
-    if not isinstance(value, Mapping):
-        raise AdapterConfigError(f"advantage: expected an advantage spec object such as "
-                                 f"{dict(DEFAULT_ADVANTAGE)}, not {type(value).__name__}")
-    return dict(value)
+    """``advantage`` from the config or keywords, else ``REWARDD_ADVANTAGE``, else the
+    default; any form :func:`~rewardd_client._rewards.parse_advantage` reads (a bare
+    estimator name means that estimator under the verl profile)."""
+    if value is not None:
+        return parse_advantage(value, VERL_PROFILE, "advantage")
+    text = os.environ.get(ADVANTAGE_VARIABLE)
+    if text:
+        return parse_advantage(text, VERL_PROFILE, ADVANTAGE_VARIABLE)
+    return dict(DEFAULT_ADVANTAGE)
 
 
 def settings_from(section: Any = None, **overrides: Any) -> Settings:

@@ -10,8 +10,9 @@ prompts and the middle one is split across the processes ([4, 2] and [2, 4]).
   (``reward_functions``), so TRL's own advantages are the ones to compare with rewardd's
   ``profile: "trl"``. One prompt's answer is empty: its math cells fail (None).
 - ``--mode tempo``: chat prompts; one async reward function; the trainer trains on rewardd's
-  per-token ``tempo`` advantages (``rewardd_advantages``); ``--estimator`` names another
-  entry (an unknown one shows how a refused request ends every process).
+  per-token ``tempo`` advantages (``rewardd_advantages``, one ``POST /v1/score`` per step);
+  ``--estimator`` names another entry (an unknown one, with ``--no-validate``, shows how a
+  refused request ends every process).
 
 Each process writes ``rank<r>.json`` into ``--out``: what it saw (prompts, completions,
 token ids, the gathered rewards of each reward function, the advantages TRL's batch carried,
@@ -87,6 +88,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--mode", required=True, choices=["trl", "tempo"])
     parser.add_argument("--estimator", default="tempo", help="for --mode tempo")
+    parser.add_argument("--no-validate", action="store_true",
+                        help="skip the build-time catalogue check, so that an unknown "
+                        "--estimator is refused by the server during training")
     args = parser.parse_args()
     url = args.url
 
@@ -105,7 +109,8 @@ def main() -> None:
                           reward_funcs=reward_funcs, args=config,
                           train_dataset=dataset(chat=args.mode == "tempo"))
     if args.mode == "tempo":
-        rewardd_advantages(trainer, url, {"estimator": args.estimator, "params": {"beta": 1.0}})
+        rewardd_advantages(trainer, url, {"estimator": args.estimator, "params": {"beta": 1.0}},
+                           validate=not args.no_validate)
     log: dict[str, Any] = {"batches": [], "loss_inputs": []}
     record(trainer, log)
     rank = int(os.environ.get("RANK", "0"))
