@@ -15,12 +15,12 @@ GIL) big requests take at once (:mod:`rewardd.service.heavy` says why and what i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rewardd.service import heavy, metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
-                            ScoreRequest)
+                            Rollout, ScoreRequest)
 from rewardd.service.respond import respond, respond_advantages
 from rewardd.service.runstate import RunStore
 from rewardd.service.settings import Settings
@@ -49,18 +49,43 @@ def plan(flat: FlatBatch, specs: Sequence[RewardSpec], settings: Settings,
     """One call per (group, component), group-major, with the group's samples in rollout
     order: a worker checks a whole group at once (see :class:`VerifyCall`). Calls of
     group-level verifiers carry the group's context (run, group, step, evaluation)."""
-    batch = batch or BatchContext()
-    whole = {spec.verifier: keeps_group_whole(spec.verifier) for spec in specs}
-    samples: list[list[Sample]] = [[] for _ in flat.groups]
-    for rollout, gi in zip(flat.rollouts, flat.group_of):
-        samples[gi].append(Sample(completion=rollout.completion or "",
-                                  prompt=flat.groups[gi].prompt,
-                                  num_tokens=resolved_num_tokens(rollout)))
-    return [VerifyCall(spec.verifier, tuple(group_samples), group.reference, spec.params,
-                       call_timeout(spec.timeout_s, settings),
-                       batch.for_group(group.group_id) if whole[spec.verifier] else None)
-            for group, group_samples in zip(flat.groups, samples) if group_samples
-            for spec in specs]
+    planner = CallPlanner.of(specs, settings, batch)
+    return [call for group in flat.groups if group.rollouts
+            for call in planner.calls(group.group_id, group.prompt, group.reference,
+                                      group.rollouts)]
+
+
+@dataclass(frozen=True, slots=True)
+class CallPlanner:
+    """How groups become verifier calls: per group, one call per reward component over the
+    group's samples (from its rollouts, in order), with the group's reference, the
+    component's params and timeout, and for group-level verifiers the group's context.
+
+    The one planner of ``/v1/score`` (:func:`plan`, a batch's groups) and of streaming
+    sessions (:mod:`rewardd.service.sessions.checking`, the part of a group that just
+    arrived, or the assembled group for its group-level components), so a rollout is checked
+    the same way whichever route brought it. Built once per request: each component's
+    timeout and level are looked up once, not per group."""
+
+    specs: tuple[RewardSpec, ...]
+    timeouts: tuple[float, ...]
+    group_level: tuple[bool, ...]
+    batch: BatchContext
+
+    @classmethod
+    def of(cls, specs: Sequence[RewardSpec], settings: Settings,
+           batch: BatchContext | None = None) -> CallPlanner:
+        return cls(tuple(specs), tuple(call_timeout(s.timeout_s, settings) for s in specs),
+                   tuple(keeps_group_whole(s.verifier) for s in specs), batch or BatchContext())
+
+    def calls(self, group_id: str, prompt: str, reference: Mapping[str, Any],
+              rollouts: Sequence[Rollout]) -> list[VerifyCall]:
+        """The calls of one group's ``rollouts`` (one per component, in ``specs`` order)."""
+        samples = tuple(Sample(completion=r.completion or "", prompt=prompt,
+                               num_tokens=resolved_num_tokens(r)) for r in rollouts)
+        return [VerifyCall(spec.verifier, samples, reference, spec.params, timeout_s,
+                           self.batch.for_group(group_id) if whole else None)
+                for spec, timeout_s, whole in zip(self.specs, self.timeouts, self.group_level)]
 
 
 @dataclass(frozen=True, slots=True)

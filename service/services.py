@@ -22,7 +22,8 @@ from rewardd.service.limits import Limiter
 from rewardd.service.runstate import RunStore
 from rewardd.service.runtime import Runtime, build_runtime
 from rewardd.service.sessions.manager import SessionManager
-from rewardd.service.sessions.store import MemoryStore, RedisStore
+from rewardd.service.sessions.redis_store import RedisStore
+from rewardd.service.sessions.store import MemoryStore
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import KeyRing
 from rewardd.workers.executor import Executor

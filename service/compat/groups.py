@@ -46,7 +46,8 @@ from rewardd.service.compat.scoring import SampleOut, outcome, remap
 from rewardd.service.errors import TimedOut, Unavailable
 from rewardd.service.models import AdvantageSpec, SessionSpec
 from rewardd.service.sessions import SessionBusy, SessionConflict, SessionManager
-from rewardd.service.sessions.manager import POLL_S
+from rewardd.service.sessions.records import GroupPhase, JsonObject
+from rewardd.service.sessions.waiters import settle
 from rewardd.service.tenancy import Tenant
 
 BUSY_POLL_S = 0.05
@@ -60,6 +61,9 @@ PLACE_TRIES = 8
 """Placements of a sample whose group keeps completing under it, before a 503."""
 MAX_PLACING = 2
 """Placements one standing session may have running in this process."""
+
+Spot = tuple[str, str]
+"""Where a sample went: (group id, rollout id)."""
 
 
 def session_spec(config: CompatConfig) -> SessionSpec:
@@ -89,9 +93,7 @@ class Assembler:
 
     def __init__(self, sessions: SessionManager) -> None:
         self._sessions = sessions
-        self._waited: dict[str, dict[str, asyncio.Future[Any]]] = {}
-        self._watchers: dict[str, asyncio.Task[None]] = {}
-        self._queued: dict[str, list[tuple[SampleIn, asyncio.Future[Any]]]] = {}
+        self._queued: dict[str, list[tuple[SampleIn, asyncio.Future[Spot]]]] = {}
         self._placing: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -106,7 +108,7 @@ class Assembler:
         placed = await self._placed(tenant, sid, samples, config)
         gids = sorted({spot[0] for spot in placed if not isinstance(spot, BaseException)})
         events = dict(zip(gids, await asyncio.gather(
-            *(self._wait(tenant, sid, gid, config) for gid in gids), return_exceptions=True)))
+            *(self._wait(sid, gid, config) for gid in gids), return_exceptions=True)))
         outs: list[SampleOut | BaseException] = []
         for sample, spot in zip(samples, placed):
             event = spot if isinstance(spot, BaseException) else events[spot[0]]
@@ -138,7 +140,7 @@ class Assembler:
             while queue:
                 batch = queue[:]
                 del queue[:]
-                by_key: dict[str, list[tuple[SampleIn, asyncio.Future[Any]]]] = defaultdict(list)
+                by_key: dict[str, list[tuple[SampleIn, asyncio.Future[Spot]]]] = defaultdict(list)
                 for sample, future in batch:
                     by_key[group_key(sample)].append((sample, future))
                 results = await asyncio.gather(*(
@@ -146,8 +148,8 @@ class Assembler:
                     for key, items in by_key.items()), return_exceptions=True)
                 for items, where in zip(by_key.values(), results):
                     for k, (_, future) in enumerate(items):
-                        _settle(future, where if isinstance(where, BaseException)
-                                else where[k])
+                        settle(future, where if isinstance(where, BaseException)
+                               else where[k])
         finally:
             self._placing[sid] -= 1
 
@@ -168,9 +170,9 @@ class Assembler:
                 chunks: list[tuple[str, list[int]]] = []
                 while todo:
                     gid = f"{key}.{generation}"
-                    doc = (await store.groups(sid, [gid])).get(gid)
-                    have = len(doc["rollouts"]) if doc is not None else 0
-                    if doc is not None and (doc["state"] != "open" or have >= size):
+                    group = (await store.groups(sid, [gid])).get(gid)
+                    have = len(group.rollouts) if group is not None else 0
+                    if group is not None and (group.state != GroupPhase.OPEN or have >= size):
                         generation += 1
                         continue
                     room = size - have
@@ -208,58 +210,23 @@ class Assembler:
             except SessionConflict:  # a group closed (timed out) since it was read
                 return set()
 
-    async def _wait(self, tenant: Tenant, sid: str, gid: str,
-                    config: CompatConfig) -> dict[str, Any]:
+    async def _wait(self, sid: str, gid: str, config: CompatConfig) -> JsonObject:
         """The group's event once complete: every request of this pod waiting on a group of
-        the session shares one watcher (:meth:`_watch`), not a poll each."""
+        the session shares one watcher (:meth:`SessionManager.group_done`), not a poll
+        each."""
         assert config.group is not None
-        waited = self._waited.setdefault(sid, {})
-        future = waited.get(gid)
-        if future is None:
-            future = waited[gid] = asyncio.get_running_loop().create_future()
-        watcher = self._watchers.get(sid)
-        if watcher is None or watcher.done():
-            self._watchers[sid] = asyncio.get_running_loop().create_task(
-                self._watch(tenant, sid))
         limit = config.group.timeout_s + WAIT_MARGIN_S
         try:
-            return await asyncio.wait_for(asyncio.shield(future), limit)
+            event = await self._sessions.group_done(sid, gid, limit)
         except asyncio.TimeoutError:
             raise Unavailable(f"the sample's group was not complete {limit:g} s after it "
                               "was sent (its timeout did not fire); retry",
                               retry_after_s=1) from None
-        finally:
-            if waited.get(gid) is future and future.done():
-                waited.pop(gid, None)
-
-    async def _watch(self, tenant: Tenant, sid: str) -> None:
-        """Resolve this pod's waiters of session ``sid`` as their groups complete (on any
-        pod): one read of every waited group per change this pod sees or per poll."""
-        waited = self._waited.setdefault(sid, {})
-        sessions = self._sessions
-        while waited:
-            await sessions.changed(sid, POLL_S)
-            gids = [gid for gid, f in waited.items() if not f.done()]
-            for gid in [gid for gid, f in waited.items() if f.done()]:
-                waited.pop(gid, None)
-            if not gids:
-                continue
-            try:
-                docs = await sessions.store.groups(sid, gids)
-                record = await sessions.store.record(sid)
-            except Exception as exc:  # the store is down: each waiter answers it
-                for gid in gids:
-                    _settle(waited.pop(gid), exc)
-                continue
-            for gid in gids:
-                doc = docs.get(gid)
-                if doc is not None and doc["state"] == "done":
-                    _settle(waited.pop(gid), doc["event"])
-                elif record is None or record["state"] != "open":
-                    _settle(waited.pop(gid), Unavailable(
-                        "the server's session for this protocol ended (idle, or its store "
-                        "lost it) before the sample's group was complete; retry",
-                        retry_after_s=1))
+        if event is None:
+            raise Unavailable("the server's session for this protocol ended (idle, or its "
+                              "store lost it) before the sample's group was complete; retry",
+                              retry_after_s=1)
+        return event
 
     @staticmethod
     def _answer(event: dict[str, Any], rollout_id: str, sample: SampleIn,
@@ -273,11 +240,3 @@ class Assembler:
         rollout = next(r for r in event["rollouts"] if r["rollout_id"] == rollout_id)
         return outcome(rollout, sample, event["arrived"], event["reason"] == "timeout")
 
-
-def _settle(future: asyncio.Future[Any], out: Any) -> None:
-    if future.done():
-        return
-    if isinstance(out, BaseException):
-        future.set_exception(out)
-    else:
-        future.set_result(out)

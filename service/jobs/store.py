@@ -45,10 +45,10 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
 from typing import Any
 
 from rewardd.service.events import Event, decode_event, encode_event
+from rewardd.service.timestamps import iso
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "queued", "running", "succeeded", "failed", "cancelled")
@@ -66,13 +66,6 @@ LEASE_S = 10.0
 def key_digest(idempotency_key: str) -> str:
     """What is stored of an ``Idempotency-Key``: its SHA-256, never the key itself."""
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
-
-
-def iso(t: float | None) -> str | None:
-    """Unix seconds as RFC 3339 UTC (``2024-05-01T12:00:00.123456Z``)."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

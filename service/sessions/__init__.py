@@ -20,6 +20,7 @@ manager::
     await manager.cancel(tenant, sid); await manager.status(tenant, sid)
     await manager.standing(tenant, sid, spec)   # the server's own session (see below)
     await manager.add_rollouts(tenant, sid, groups)  # add, answering {(group, rollout)} taken
+    await manager.group_done(sid, group_id, timeout)  # a standing session's group event|None
 
 ``tenant`` is a :class:`~rewardd.service.tenancy.Tenant` or a tenant name. A group object
 is the ``/v1/score`` group (``group_id``, ``rollouts`` with ``reward``, ``rewards``,
@@ -56,9 +57,10 @@ Semantics:
 
 from __future__ import annotations
 
-from rewardd.service.sessions.manager import (SessionBusy, SessionConflict, SessionManager,
-                                              SessionNotFound)
-from rewardd.service.sessions.store import MemoryStore, RedisStore, SessionStore
+from rewardd.service.sessions.errors import SessionBusy, SessionConflict, SessionNotFound
+from rewardd.service.sessions.manager import SessionManager
+from rewardd.service.sessions.redis_store import RedisStore
+from rewardd.service.sessions.store import MemoryStore, SessionStore
 
 __all__ = ["MemoryStore", "RedisStore", "SessionBusy", "SessionConflict", "SessionManager",
            "SessionNotFound", "SessionStore"]

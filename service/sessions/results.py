@@ -21,6 +21,7 @@ from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_col
 from rewardd.service.models import Group, SessionSpec
 from rewardd.service.respond import respond
 from rewardd.service.runstate import RunStore
+from rewardd.service.sessions.records import GroupPhase, GroupRecord
 from rewardd.verifiers.base import Outcome
 
 
@@ -30,54 +31,53 @@ def plain(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
-def group_model(doc: dict[str, Any]) -> Group:
+def group_model(group: GroupRecord) -> Group:
     """The stored group as the /v1/score request would have carried it."""
     return Group.model_validate({
-        "group_id": doc["group_id"], "prompt": doc["prompt"], "reference": doc["reference"],
-        "data_source": doc.get("data_source"), "rollouts": [r["body"] for r in doc["rollouts"]]})
+        "group_id": group.group_id, "prompt": group.prompt, "reference": group.reference,
+        "data_source": group.data_source, "rollouts": [r.body for r in group.rollouts]})
 
 
-def _batch(spec: SessionSpec, docs: Sequence[dict[str, Any]]
+def _batch(spec: SessionSpec, groups: Sequence[GroupRecord]
            ) -> tuple[FlatBatch, list[Column]]:
-    flat = FlatBatch.of([group_model(doc) for doc in docs])
+    flat = FlatBatch.of([group_model(group) for group in groups])
     columns = [Column(s.name, s.weight, s.fallback,
-                      [Outcome.from_dict(r["cells"][s.name]) for doc in docs
-                       for r in doc["rollouts"]]) for s in spec.rewards]
+                      [Outcome.from_dict(r.cells[s.name]) for group in groups
+                       for r in group.rollouts]) for s in spec.rewards]
     columns += precomputed_columns(flat.rollouts, spec.advantage.weights)
     return flat, columns
 
 
-def group_event(spec: SessionSpec, doc: dict[str, Any], final: bool,
+def group_event(spec: SessionSpec, stored: GroupRecord, final: bool,
                 runs: RunStore | None = None) -> dict[str, Any]:
     """The ``group`` event of a completed group: the /v1/score group object (advantages when
     ``final``), with the group's index, reason and size as it completed. With ``runs`` the
     group is answered through :func:`respond` (the run's state read and committed, metrics
     recorded) as a one-group /v1/score request would be."""
-    if doc.get("failed"):
-        ids = [r["id"] for r in doc["rollouts"]]
+    if stored.failed:
+        ids = [r.id for r in stored.rollouts]
         group: dict[str, Any] = {
-            "group_id": doc["group_id"], "rollouts": [],
+            "group_id": stored.group_id, "rollouts": [],
             "diagnostics": {"zero_spread": False, "singleton": False, "baseline_size": 0,
                             "excluded": ids}}
     else:
-        flat, columns = _batch(spec, [doc])
+        flat, columns = _batch(spec, [stored])
         combined = combine(columns, len(flat.rollouts))
         advantage = spec.advantage if final else None
         out = (respond(spec.run_id, flat, combined, columns, advantage, runs) if runs is not None
                else build_response(spec.run_id, flat, combined, columns, advantage, None))
         group = out["groups"][0]
-    group.update(index=doc["index"], final=final or bool(doc.get("failed")),
-                 reason=doc["reason"], failed=bool(doc.get("failed")),
-                 arrived=len(doc["rollouts"]))
+    group.update(index=stored.index, final=final or stored.failed, reason=stored.reason,
+                 failed=stored.failed, arrived=len(stored.rollouts))
     return plain(group)
 
 
-def session_result(spec: SessionSpec, docs: Sequence[dict[str, Any]],
+def session_result(spec: SessionSpec, groups: Sequence[GroupRecord],
                    runs: RunStore | None) -> dict[str, Any]:
     """The close's /v1/score response over every completed, not failed group, in the order
     they were first seen (batch-level estimators computed now)."""
-    kept = sorted((d for d in docs if d["state"] == "done" and not d.get("failed")),
-                  key=lambda d: d["index"])
+    kept = sorted((g for g in groups if g.state == GroupPhase.DONE and not g.failed),
+                  key=lambda g: g.index)
     if not kept:
         return {"run_id": spec.run_id, "estimator": spec.advantage.estimator,
                 "profile": spec.advantage.profile.value, "groups": [], "advice": {},

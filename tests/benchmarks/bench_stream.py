@@ -70,14 +70,14 @@ def _variant(name: str) -> None:
     """In the server (this module loaded as a plugin): take back what ``name`` leaves out.
 
     ``after`` needs each session check's group in its flow; the sessions' ``_verify`` is
-    wrapped to supply it (the group of the document it checks) where the server does not
+    wrapped to supply it (the group of the record it checks) where the server does not
     pass it itself."""
-    from rewardd.service.sessions import manager
+    from rewardd.service.sessions import checking
     from rewardd.workers import embedded, fairness
 
     group_of: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_group",
                                                                          default=None)
-    plain_flow, plain_verify = fairness.flow, manager.SessionManager._verify
+    plain_flow, plain_verify = fairness.flow, checking.Checker._verify
 
     @contextlib.contextmanager
     def flow(tenant: str | None = None, flow_id: str | None = None, urgent: bool = False,
@@ -87,16 +87,15 @@ def _variant(name: str) -> None:
         with plain_flow(tenant, flow_id, urgent, group) as current:
             yield current
 
-    async def verify(self: Any, sid: str, tenant: str, spec: Any, specs: Any,
-                     doc: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        token = group_of.set(doc["group_id"])
+    async def verify(self: Any, job: Any, specs: Any, group: Any) -> Any:
+        token = group_of.set(group.group_id)
         try:
-            return await plain_verify(self, sid, tenant, spec, specs, doc, *args, **kwargs)
+            return await plain_verify(self, job, specs, group)
         finally:
             group_of.reset(token)
 
     fairness.flow = flow  # type: ignore[assignment]
-    manager.SessionManager._verify = verify  # type: ignore[method-assign]
+    checking.Checker._verify = verify  # type: ignore[method-assign]
     if name == "before":
         plain_init = embedded.EmbeddedExecutor.__init__
 

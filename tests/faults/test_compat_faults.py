@@ -29,7 +29,7 @@ import httpx
 import pytest
 import redis
 
-from rewardd.service.sessions.store import PREFIX
+from rewardd.service.sessions.redis_store import PREFIX
 from tests.support.redis_server import RedisServer
 from tests.support.server import server_process
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from rewardd.service.app import create_app
-from rewardd.service.sessions import manager as manager_module
-from rewardd.service.sessions import store as store_module
+from rewardd.service.sessions import redis_store as redis_store_module
+from rewardd.service.sessions import sweep as sweep_module
 from rewardd.service.settings import Settings
 from tests.sessions.support import ECHO
 from tests.sessions.test_shared import db  # noqa: F401  (the autouse fixture: flushes DB 6)
@@ -66,7 +66,7 @@ async def test_a_group_split_across_two_pods_is_one_group_answered_on_both() -> 
 
 async def test_the_rollouts_in_flight_limit_holds_across_pods_and_forgets_a_dead_pod(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "HEARTBEAT_S", 2.0)
+    monkeypatch.setattr(redis_store_module, "HEARTBEAT_S", 2.0)
     held = EchoExecutor()
     held.hold = True
     async with pod(held, session_max_inflight=3) as one, \
@@ -102,7 +102,7 @@ async def _never(owner: str) -> None:
 
 async def test_a_standing_session_forgets_its_groups_is_made_anew_and_is_not_counted(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(manager_module, "STANDING_KEEP_S", 0.0)
+    monkeypatch.setattr(sweep_module, "STANDING_KEEP_S", 0.0)
     config = {**GROUPED, "group": {**GROUPED["group"], "size": 2}}
     app = create_app(Settings(compat_config=json.dumps(config), plugins="tests.plugins.faulty",
                               session_max_open=1, session_idle_timeout_s=1.0),
@@ -125,11 +125,11 @@ async def test_a_standing_session_forgets_its_groups_is_made_anew_and_is_not_cou
                     break
             assert await manager.store.groups(standing) == {}
             await asyncio.sleep(1.5)  # idle: both sessions expire
-            assert (await manager.store.record(standing))["state"] == "expired"
+            assert (await manager.store.record(standing)).state == "expired"
             again = await asyncio.gather(*(http.post("/slime/reward", json=slime(v))
                                            for v in ("0.0", "1.0")))
             assert [r.json()["group_size"] for r in again] == [2, 2]
-            assert (await manager.store.record(standing))["state"] == "open"
+            assert (await manager.store.record(standing)).state == "open"
 
 
 async def test_an_executor_that_breaks_fails_the_cells_typed_and_the_group_completes() -> None:

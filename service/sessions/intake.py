@@ -1,0 +1,269 @@
+"""Sessions opened and rollouts taken in: validation, idempotence, the tenant's limits, and
+each group's record written before its checks start.
+
+An add is checked whole before anything is stored: /v1/score's validation of the groups as
+the batch will hold them, then per group its new rollouts (a resend with the same content is
+a duplicate, with other content a 409; a group may not pass ``group_size``), then the
+tenant's rollouts in flight are reserved over every pod (:meth:`SessionStore.reserve`). Only
+then is each group's part appended under the group's lock and its checks started
+(:mod:`rewardd.service.sessions.checking`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import Mapping, Sequence, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.service import pipeline
+from rewardd.service.models import (Group, Rollout, ScoreRequest, SessionGroup, SessionRollouts,
+                                    SessionSpec)
+from rewardd.service.sessions.checking import Checker, CheckJob, GroupRef
+from rewardd.service.sessions.errors import SessionBusy, SessionConflict
+from rewardd.service.sessions.pod import Pod
+from rewardd.service.sessions.records import (GroupPhase, GroupRecord, RolloutEntry,
+                                              SessionPhase, SessionRecord)
+from rewardd.service.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
+
+PROFILE_LOC = ("body", "advantage", "profile")
+
+GROUPS_SEEN = "@groups"
+"""The session's counter (:meth:`SessionStore.bump`) of groups seen: each group's index."""
+TOUCH_EVERY_S = 1.0
+"""A session's ``touched`` (its idle clock) is written at most this often."""
+
+GroupsIn = Sequence[Mapping[str, object]] | SessionRollouts
+"""Rollouts to add: the parsed body, or its ``groups`` as plain data (in-process callers)."""
+
+Plan = list[tuple[SessionGroup, list[tuple[Rollout, str]]]]
+"""Per group of an add, its new rollouts with their digests."""
+
+
+def parse(model: type[M], data: object) -> M:
+    """``model`` from plain data (the in-process interface); a 422 naming the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestInvalid([error(("body", *e["loc"]), e["msg"], e["type"])
+                              for e in exc.errors()]) from None
+
+
+def rollouts_of(groups: GroupsIn) -> SessionRollouts:
+    """The body of an add (a 422 naming the field for plain data that does not parse)."""
+    if isinstance(groups, SessionRollouts):
+        return groups
+    return parse(SessionRollouts, {"groups": list(groups)})
+
+
+def check_spec(spec: SessionSpec, settings: Settings) -> None:
+    """The /v1/score checks of the spec's rewards and advantage (422 naming the field), run
+    on a probe group: errors about the probe's own rollouts are not the spec's."""
+    probe = Group(group_id="probe", rollouts=[
+        Rollout(rollout_id=str(i), completion="", num_tokens=1) for i in range(2)])
+    req = ScoreRequest(run_id=spec.run_id, step=spec.step, evaluation=spec.evaluation,
+                       groups=[probe], rewards=spec.rewards, advantage=spec.advantage)
+    try:
+        pipeline.check_request(req, settings)
+    except RequestInvalid as exc:
+        own = [e for e in exc.errors if tuple(e["loc"][:2]) != ("body", "groups")]
+        if own:
+            raise RequestInvalid(own) from None
+
+
+def digest(rollout: Rollout) -> str:
+    data = orjson.dumps(rollout.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()
+
+
+def new_record(sid: str, tenant: str, spec: SessionSpec, standing: bool = False
+               ) -> SessionRecord:
+    now = time.time()
+    return SessionRecord(id=sid, tenant=tenant, state=SessionPhase.OPEN,
+                         spec=spec.model_dump(mode="json", exclude_unset=True), created=now,
+                         touched=now, standing=standing)
+
+
+async def _touch(record: SessionRecord) -> tuple[bool, None, list[bytes]]:
+    record.touched = time.time()
+    return True, None, []
+
+
+class Intake:
+    """Opens sessions and takes rollouts in (see the module docstring)."""
+
+    def __init__(self, pod: Pod, checker: Checker) -> None:
+        self.pod = pod
+        self.checker = checker
+
+    async def open(self, tenant: str, spec: SessionSpec) -> str:
+        """A new session of ``tenant``; its id. 422 for a bad spec, 429 at the tenant's
+        limit of open sessions."""
+        settings, store = self.pod.settings, self.pod.store
+        await asyncio.to_thread(check_spec, spec, settings)
+        limit = settings.session_max_open
+        if await store.open_count(tenant) >= limit:
+            raise SessionBusy(f"tenant {tenant!r} already has {limit} sessions open (its "
+                              "limit, REWARDD_SESSION_MAX_OPEN); close one, or retry later",
+                              tenant=tenant, retry_after_s=settings.retry_after_s)
+        sid = uuid.uuid4().hex
+        await store.create(new_record(sid, tenant, spec))
+        self.pod.remember(sid, spec)
+        return sid
+
+    async def standing(self, tenant: str, sid: str, spec: SessionSpec) -> None:
+        """Make sure the server's own session ``sid`` is open with ``spec`` (see
+        :meth:`SessionManager.standing`)."""
+        store = self.pod.store
+        record = await store.record(sid)
+        if record is not None and record.state == SessionPhase.OPEN:
+            return
+        async with store.locked(sid):
+            record = await store.record(sid)
+            if record is not None and record.state == SessionPhase.OPEN:
+                return
+            if record is not None:  # an expired one: its groups are gone for good
+                await store.purge(sid)
+            await store.create(new_record(sid, tenant, spec, standing=True))
+            self.pod.remember(sid, spec)
+
+    async def add_rollouts(self, tenant: str, sid: str, groups: GroupsIn
+                           ) -> set[tuple[str, str]]:
+        """Store the rollouts and start their checks; (group id, rollout id) of each taken
+        (a resent one is not; nor one whose group completed while it was being stored)."""
+        pod, store = self.pod, self.pod.store
+        record = await pod.own(tenant, sid)
+        if record.state != SessionPhase.OPEN:
+            raise SessionConflict(f"session {sid} is {record.state}: it takes no more "
+                                  "rollouts")
+        body = rollouts_of(groups)
+        spec = pod.spec(record)
+        known = await store.groups(sid, [g.group_id for g in body.groups])
+        await asyncio.to_thread(self._check_rollouts, spec, body, known)
+        plan = self._plan(spec, body, known)
+        fresh = sum(len(new) for _, new in plan)
+        limit = pod.settings.session_max_inflight
+        if fresh and not await store.reserve(tenant, pod.owner, fresh, limit):
+            raise SessionBusy(f"tenant {tenant!r} would have more than {limit} rollouts being "
+                              "checked (REWARDD_SESSION_MAX_INFLIGHT, over every API pod); "
+                              "retry once some groups completed", tenant=tenant,
+                              retry_after_s=pod.settings.retry_after_s)
+        new_groups = sum(1 for g, _ in plan if g.group_id not in known)
+        accepted: set[tuple[str, str]] = set()
+        try:
+            # first-sight order from a counter, and the idle clock moved at most once a
+            # second: no session-wide lock per request (hundreds of per-sample requests
+            # queued on it)
+            index = await store.bump(sid, GROUPS_SEEN, new_groups) - new_groups
+            if time.time() - record.touched >= TOUCH_EVERY_S:
+                await store.update_record(sid, _touch)
+            for group, new in plan:
+                if not new:
+                    continue
+                if group.group_id not in known:
+                    index += 1
+                ref = GroupRef(sid, tenant, spec, group.group_id)
+                taken, full = await self._append(ref, group, new, index - 1)
+                accepted.update((group.group_id, r.id) for r in taken)
+                if taken:
+                    self.checker.start(CheckJob(ref, taken, urgent=full))
+        finally:
+            if fresh > len(accepted):  # reserved for rollouts that were not taken
+                await store.release(tenant, pod.owner, fresh - len(accepted))
+        return accepted
+
+    def _check_rollouts(self, spec: SessionSpec, body: SessionRollouts,
+                        known: dict[str, GroupRecord]) -> None:
+        """/v1/score's validation of the request's groups as the batch will hold them."""
+        groups = []
+        for g in body.groups:
+            seen = known.get(g.group_id)
+            groups.append(Group.model_construct(
+                group_id=g.group_id, rollouts=g.rollouts, data_source=g.data_source,
+                prompt=g.prompt if g.prompt is not None else (seen.prompt if seen else ""),
+                reference=g.reference if g.reference is not None else (
+                    seen.reference if seen else {})))
+        req = ScoreRequest.model_construct(run_id=spec.run_id, step=spec.step,
+                                           evaluation=spec.evaluation, groups=groups,
+                                           rewards=spec.rewards, advantage=spec.advantage)
+        try:
+            pipeline.check_request(req, self.pod.settings)
+        except RequestInvalid as exc:
+            # parts of groups differ in size by nature; a profile's equal-size rule is the
+            # session's group_size (checked when the session opened)
+            kept = [e for e in exc.errors if tuple(e["loc"]) != PROFILE_LOC]
+            if kept:
+                raise RequestInvalid(kept) from None
+
+    @staticmethod
+    def _plan(spec: SessionSpec, body: SessionRollouts, known: dict[str, GroupRecord]) -> Plan:
+        """Per group, its new rollouts with their digests; 409 / 422 before anything is
+        stored when a resend conflicts or a group would exceed its size."""
+        plan = []
+        for gi, g in enumerate(body.groups):
+            group = known.get(g.group_id)
+            seen = {r.id: r.digest for r in group.rollouts} if group else {}
+            if group is not None:
+                for field, stored in (("prompt", group.prompt), ("reference", group.reference)):
+                    sent = getattr(g, field)
+                    if sent is not None and sent != stored:
+                        raise SessionConflict(f"group {g.group_id!r}: {field} differs from "
+                                              "the one it was first sent with")
+            new = []
+            for rollout in g.rollouts:
+                sent_digest = digest(rollout)
+                if rollout.rollout_id in seen:
+                    if seen[rollout.rollout_id] != sent_digest:
+                        raise SessionConflict(
+                            f"rollout {rollout.rollout_id!r} of group {g.group_id!r} was "
+                            "already received with different content")
+                    continue
+                new.append((rollout, sent_digest))
+            if new and group is not None and group.state != GroupPhase.OPEN:
+                raise SessionConflict(f"group {g.group_id!r} is complete ({group.reason}): "
+                                      "it takes no more rollouts")
+            if len(seen) + len(new) > spec.group_size:
+                raise RequestInvalid([error(
+                    ("body", "groups", gi, "rollouts"),
+                    f"group {g.group_id!r} would have {len(seen) + len(new)} rollouts; the "
+                    f"session's group_size is {spec.group_size}")])
+            plan.append((g, new))
+        return plan
+
+    async def _append(self, ref: GroupRef, sent: SessionGroup, new: list[tuple[Rollout, str]],
+                      index: int) -> tuple[list[RolloutEntry], bool]:
+        """Store the new rollouts; (those taken, whether the group now has all of them)."""
+        store, owner, size = self.pod.store, self.pod.owner, ref.spec.group_size
+        timeout = ref.spec.group_timeout_s
+
+        async def put(group: GroupRecord | None
+                      ) -> tuple[GroupRecord | None, tuple[list[RolloutEntry], bool],
+                                 list[bytes]]:
+            if group is None:
+                group = GroupRecord(group_id=sent.group_id, index=index, first=time.time(),
+                                    prompt=sent.prompt or "", reference=sent.reference or {},
+                                    data_source=sent.data_source)
+                if timeout is not None:
+                    await store.set_deadline(ref.session_id, sent.group_id,
+                                             group.first + timeout)
+            if group.state != GroupPhase.OPEN:  # completed meanwhile (a race with a close)
+                return None, ([], False), []
+            seen = {r.id for r in group.rollouts}
+            taken = []
+            for rollout, rollout_digest in new:
+                if rollout.rollout_id in seen or len(group.rollouts) >= size:
+                    continue
+                entry = RolloutEntry(id=rollout.rollout_id, digest=rollout_digest, owner=owner,
+                                     body=rollout.model_dump(mode="json", exclude_unset=True))
+                group.rollouts.append(entry)
+                taken.append(entry)
+            return group, (taken, len(group.rollouts) >= size), []
+
+        return await store.update_group(ref.session_id, ref.group_id, put)
