@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from rewardd.advantages.checks import resolved_num_tokens
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import pipeline
+from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.service.jobs.store import Event, encode_event
 from rewardd.service.limits import TenantBusy
 from rewardd.service.models import (Group, RewardSpec, Rollout, ScoreRequest, SessionRollouts,
@@ -693,6 +694,7 @@ class SessionManager:
                 raise
             except Exception:
                 log.warning("session sweeper failed; retrying", exc_info=True)
+            stop_if_cancelled()  # a cancel the Redis client swallowed (service/cancellation.py)
             await asyncio.sleep(SWEEP_EVERY_S)
 
     async def sweep(self, orphans: bool = False) -> None:
