@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import orjson
 
 from rewardd.service import pipeline
+from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.events import encode_event
 from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore
@@ -312,6 +313,7 @@ class JobRunner:
                 raise
             except Exception:
                 log.warning("job sweeper: could not look for orphaned jobs", exc_info=True)
+            stop_if_cancelled()  # a cancel the Redis client swallowed (service/cancellation.py)
             await asyncio.sleep(SWEEP_EVERY_S)
 
     async def sweep(self) -> list[str]:

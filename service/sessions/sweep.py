@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 
+from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.service.models import SessionSpec
 from rewardd.service.sessions.checking import Checker, CheckJob, GroupRef
 from rewardd.service.sessions.lifecycle import Lifecycle
@@ -74,6 +75,7 @@ class Sweeper:
                 raise
             except Exception:
                 log.warning("session sweeper failed; retrying", exc_info=True)
+            stop_if_cancelled()  # a cancel the Redis client swallowed (service/cancellation.py)
             await asyncio.sleep(SWEEP_EVERY_S)
 
     async def sweep(self, orphans: bool = False) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import json
 
 from rewardd.service.app import create_app
+from rewardd.service.compat.batching import batcher
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import Tenant
 from tests.compat.conftest import client
@@ -35,6 +36,12 @@ async def until(condition) -> None:
         await asyncio.sleep(0.01)
 
 
+def waiting_samples(app) -> int:
+    """Samples of alice's read and waiting for a batch (order, not a pause: a busy machine
+    reads them later, never into another batch)."""
+    return len(batcher(app.state)._waiting["alice"])
+
+
 async def test_a_sample_past_the_tenants_limit_waits_for_the_slot_and_v1_is_refused():
     gated = GatedExecutor()
     app = gated_app(gated)
@@ -56,13 +63,14 @@ async def test_a_sample_past_the_tenants_limit_waits_for_the_slot_and_v1_is_refu
 
 async def test_samples_arriving_while_a_batch_runs_are_scored_together():
     gated = GatedExecutor()
-    async with client(gated_app(gated)) as http:
+    app = gated_app(gated)
+    async with client(app) as http:
         first = asyncio.create_task(http.post("/slime/reward", json=SAMPLE, headers=ALICE))
         await until(lambda: gated.entered == 1)
         rest = [asyncio.create_task(http.post("/get_reward", headers=ALICE, json={
             "query": [f"q{i} \\boxed{{1}}"], "prompts": [f"q{i} "], "labels": ["1"]}))
             for i in range(20)]
-        await asyncio.sleep(0.5)  # all twenty read and waiting
+        await until(lambda: waiting_samples(app) == 20)  # all twenty read and waiting
         gated.gate.set()
         answers = [await t for t in [first, *rest]]
     assert [a.status_code for a in answers] == [200] * 21
@@ -94,7 +102,7 @@ async def test_a_bad_reference_in_a_shared_batch_fails_only_its_own_request():
         await until(lambda: gated.entered == 1)
         queued = [asyncio.create_task(http.post("/slime/reward", headers=ALICE, json=body))
                   for body in (good, {**good, "label": {"tset_code": "assert True"}}, good)]
-        await asyncio.sleep(0.3)
+        await until(lambda: waiting_samples(app) == 3)
         gated.gate.set()
         answers = [await t for t in [first, *queued]]
     assert [a.status_code for a in answers] == [200, 200, 422, 200], answers[2].text

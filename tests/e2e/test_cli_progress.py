@@ -81,13 +81,38 @@ def test_no_progress_keeps_a_terminal_quiet(tmp_path: Path) -> None:
 
 def test_the_summary_keeps_warm_up_out_of_the_scoring_rate(tmp_path: Path) -> None:
     """The plugin's import sleeps in the command's process and in the pool's forkserver:
-    at least twice SLOW_IMPORT_S of warm-up, none of it in scoring."""
-    proc = rewardd("score", GROUPS, "--spec", SPEC, "-o", tmp_path / "out.jsonl",
-                   "--pool-size", "2", "--plugins", "tests.plugins.slow_start")
-    assert proc.returncode == 0, proc.stderr
-    summary = summary_of(proc.stderr)
-    assert summary["warmup_s"] >= 2 * SLOW_IMPORT_S, summary
-    assert 0 < summary["scoring_s"] < SLOW_IMPORT_S, summary
+    at least twice SLOW_IMPORT_S of warm-up, none of it in scoring. Order, not speed: both
+    imports have ended (the plugin's log) by the time the bar starts, which is when scoring
+    starts, and none happens after; the summary counts both sleeps as warm-up."""
+    log = tmp_path / "imports.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rewardd.service.cli", "score", str(GROUPS), "--spec", str(SPEC),
+         "-o", str(tmp_path / "out.jsonl"), "--pool-size", "2", "--progress",
+         "--plugins", "tests.plugins.slow_start"],
+        cwd=REPO_ROOT, env={**child_env(), "SLOW_START_LOG": str(log)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    seen, imported_when_the_bar_started = b"", None
+    try:
+        while chunk := os.read(proc.stderr.fileno(), 65536):
+            seen += chunk
+            if imported_when_the_bar_started is None and b"scoring:" in seen:
+                imported_when_the_bar_started = log.read_text().split()
+        status = proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    stderr = seen.decode(errors="replace")
+    assert status == 0, stderr
+    # the command's own import and its forkserver's, both before the bar; none after
+    assert imported_when_the_bar_started is not None, stderr
+    assert len(set(imported_when_the_bar_started)) == 2, imported_when_the_bar_started
+    assert str(proc.pid) in imported_when_the_bar_started
+    assert log.read_text().split() == imported_when_the_bar_started
+    summary = summary_of(stderr)
+    assert summary["warmup_s"] >= 2 * SLOW_IMPORT_S, summary  # a sleep is never shorter
+    assert summary["scoring_s"] > 0, summary
     assert summary["rollouts_per_s"] == round(32 / summary["scoring_s"], 1)
     parts = summary["warmup_s"] + summary["load_s"] + summary["scoring_s"]
     assert parts <= summary["elapsed_s"] + 0.002, summary  # each part rounded to 1 ms

@@ -63,6 +63,6 @@ async def test_a_redis_restart_mid_batch_loses_no_reward(fleet: Any,
         assert sent_again >= queued - 4, (sent_again, queued)
     # the work itself is 6 s on 4 slots; the wait before republishing is
     # REWARDD_WORKER_LOST_AFTER_S (6 s), workers reconnect within seconds
-    assert after < GROUPS * SLEEP_S / 2 + 30.0, after
+    assert after < GROUPS * SLEEP_S / 2 + 60.0, after  # generous for a busy machine
     print(f"{'aof' if redis_server.aof else 'no persistence'}: {after:.1f} s after the "
           f"restart, {sent_again:g} task(s) sent again")

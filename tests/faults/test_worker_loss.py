@@ -63,9 +63,10 @@ async def test_a_worker_pod_killed_mid_batch_costs_seconds_not_the_visibility_ti
     finally:
         executor.close()
     assert_every_reward_right(result, GROUPS)
-    # all the work (24 sleeps of 0.5 s) on the survivor's 2 slots is 6 s; the target is the
-    # tasks' own run time + 15 s, far from the 900 s visibility timeout
-    assert after_kill < GROUPS * SLEEP_S / 2 + 15.0, after_kill
+    # all the work (24 sleeps of 0.5 s) on the survivor's 2 slots is 6 s; the bound is the
+    # tasks' own run time + 60 s (generous for a busy machine), far from the 900 s visibility
+    # timeout that would bring the lost calls back without the reaper
+    assert after_kill < GROUPS * SLEEP_S / 2 + 60.0, after_kill
     assert survivor.proc.poll() is None, survivor.output()
     assert client.hlen("unacked") == 0
     print(f"batch {time.monotonic() - started:.1f} s, {after_kill:.1f} s after the kill")

@@ -175,7 +175,9 @@ async def test_exactly_one_pod_claims_an_orphan_and_a_cancel_is_final(
         redis_db: redis.Redis) -> None:
     client = redis.asyncio.Redis.from_url(make_settings().broker_url)
     try:
-        pods = [RedisJobStore(client, ttl_s=60, lease_s=0.3) for _ in range(3)]
+        # a lease long enough to outlast the checks made while pod-a holds it on a machine
+        # of any speed; the test then waits for it to lapse
+        pods = [RedisJobStore(client, ttl_s=60, lease_s=2.0) for _ in range(3)]
         job = Job(id=uuid.uuid4().hex, tenant="t", tenant_limit=1, total=2)
         await pods[0].create(job, b"{}", "pod-a")
         assert await pods[0].start(job.id) is not None

@@ -18,6 +18,7 @@ from rewardd.workers.distributed import CeleryExecutor
 from rewardd.workers.executor import VerifyCall
 
 SETTINGS = make_settings()
+HANG_S = 60.0  # bounds against a hang, never a measurement
 
 
 async def test_ready_only_once_a_worker_answers(fleet_for: Any, redis_db: redis.Redis) -> None:
@@ -25,7 +26,7 @@ async def test_ready_only_once_a_worker_answers(fleet_for: Any, redis_db: redis.
     try:
         started = time.monotonic()
         assert await executor.ready(wait_s=1.0) is False  # no worker consumes "cpu"
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < HANG_S  # gave up after its wait, no hang
         census = await executor.census()
         assert census["workers"] == 0
         [worker] = fleet_for(SETTINGS).start(1, concurrency=1)
@@ -80,7 +81,7 @@ async def test_broker_down_is_unavailable_not_a_hang() -> None:
     assert [item.outcome.error.value for item in result.items] == ["unavailable"] * 2
     assert "broker" in result.items[0].outcome.detail["message"]
     assert not result.replayed
-    assert took < 30, took
+    assert took < HANG_S, took  # about 3 s
 
 
 def test_passwords_stay_out_of_descriptions() -> None:

@@ -81,19 +81,22 @@ async def test_slots_are_counted_across_pods_and_leases_of_a_dead_pod_expire() -
     client = redis.asyncio.Redis.from_url(BROKER_URL)
     try:
         tenant = Tenant("lease-test", 2, 1)
-        pod_a = RedisLimiter(client, retry_after_s=1, lease_s=0.5)
-        pod_b = RedisLimiter(client, retry_after_s=1, lease_s=0.5)
+        # long enough that no lease lapses before the checks that count it, however slow the
+        # machine; the wait for the lapse below sleeps at least as long
+        lease_s = 2.0
+        pod_a = RedisLimiter(client, retry_after_s=1, lease_s=lease_s)
+        pod_b = RedisLimiter(client, retry_after_s=1, lease_s=lease_s)
         assert await pod_a.acquire(tenant, "a1") and await pod_b.acquire(tenant, "b1")
         assert not await pod_a.acquire(tenant, "a2")  # the limit holds across pods
         # concurrent grabs for the last free slot: exactly one wins
         await pod_b.release(tenant, "b1")
-        won = await asyncio.gather(*(RedisLimiter(client, 1, 0.5).acquire(tenant, f"c{i}")
+        won = await asyncio.gather(*(RedisLimiter(client, 1, lease_s).acquire(tenant, f"c{i}")
                                      for i in range(8)))
         assert sum(won) == 1 and await pod_a.in_use(tenant) == 2
         assert await pod_a.acquire(tenant, "forced", force=True)
         assert await pod_a.in_use(tenant) == 3
         # pod a "dies": nobody renews; its leases lapse and the tenant is free again
-        await asyncio.sleep(0.7)
+        await asyncio.sleep(lease_s + 0.2)
         assert await pod_b.in_use(tenant) == 0
         assert await pod_b.acquire(tenant, "b2")
     finally:

@@ -32,6 +32,18 @@ def slime(response: str, prompt: str = "P", label: str = "L") -> dict[str, Any]:
     return {"prompt": prompt, "response": response, "label": label}
 
 
+async def until_arrived(http: httpx.AsyncClient, rollouts: int) -> None:
+    """Until the standing session holds ``rollouts`` (60 s against a hang)."""
+    manager = http.app.state.services.sessions  # type: ignore[attr-defined]
+    for _ in range(600):
+        for sid in await manager.store.active():
+            status = (await http.get(f"/v1/sessions/{sid}")).json()
+            if status["rollouts"] >= rollouts:
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the standing session never held {rollouts} rollouts")
+
+
 async def test_a_group_split_across_two_pods_is_one_group_answered_on_both() -> None:
     executor = EchoExecutor()
     config = json.dumps(GROUPED)
@@ -40,7 +52,9 @@ async def test_a_group_split_across_two_pods_is_one_group_answered_on_both() -> 
         values = ["1.0", "0.0", "0.5", "0.25"]
         sends = [asyncio.create_task((one if i % 2 == 0 else two).post(
             "/slime/reward", json=slime(v))) for i, v in enumerate(values[:3])]
-        await asyncio.sleep(0.5)
+        # until all three are in the group (a pause could end before a busy machine read
+        # them, and the fourth would then complete the group without the third)
+        await until_arrived(one, 3)
         assert not any(t.done() for t in sends)  # three of four: waiting on both pods
         last = await two.post("/slime/reward", json=slime(values[3]))
         answers = [(await t).json() for t in sends] + [last.json()]
@@ -124,7 +138,11 @@ async def test_a_standing_session_forgets_its_groups_is_made_anew_and_is_not_cou
                 if not await manager.store.groups(standing):
                     break
             assert await manager.store.groups(standing) == {}
-            await asyncio.sleep(1.5)  # idle: both sessions expire
+            await asyncio.sleep(1.0)  # idle: both sessions expire at the next sweep
+            for _ in range(600):  # 60 s (a busy machine sweeps later): against a hang only
+                if (await manager.store.record(standing)).state != "open":
+                    break
+                await asyncio.sleep(0.1)
             assert (await manager.store.record(standing)).state == "expired"
             again = await asyncio.gather(*(http.post("/slime/reward", json=slime(v))
                                            for v in ("0.0", "1.0")))

@@ -10,6 +10,7 @@ never measurements.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -113,8 +114,12 @@ def test_a_dead_pool_is_replaced_its_pending_calls_fail_unavailable_and_it_serve
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_pool_is_replaced_by_the_next_call_without_any_pending(
         executor: EmbeddedExecutor) -> None:
-    executor._pool.schedule(ping_task, args=(PicklingBomb(),))
-    asyncio.run(asyncio.sleep(0.3))  # the bomb reaches pebble's thread
+    dying = executor._pool
+    dying.schedule(ping_task, args=(PicklingBomb(),))
+    hang = time.monotonic() + HANG_S
+    while dying.active:  # until the bomb has killed pebble's thread (order, not a pause)
+        assert time.monotonic() < hang, "the bomb never reached pebble's thread"
+        time.sleep(0.01)
     [result] = run(executor, call({"answer": "4"}))
     assert [item.outcome.reward for item in result.items] == [1.0, 0.0]
     assert executor.describe()["rebuilds"] == 1
