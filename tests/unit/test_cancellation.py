@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from rewardd.service.app import create_app
 from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.service.settings import Settings
