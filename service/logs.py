@@ -5,7 +5,7 @@ The id is the caller's ``X-Request-ID`` when it is a plain token (``[A-Za-z0-9._
 most 128 characters: it lands in log lines verbatim, so nothing else is trusted), else a new
 random one; either way it is sent back as ``X-Request-ID`` so a trainer can quote it in a bug
 report. The tenant is read from the request's state once its API key resolved it
-(:func:`rewardd.service.tenancy.current_tenant`), so lines written before that carry none.
+(:func:`rewardd.service.api.deps.current_tenant`), so lines written before that carry none.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ them with ``max by (queue)``, never ``sum``. Calls pending in the fair queue are
 process: ``sum`` them.
 
 /metrics itself is guarded with the API keys (see
-:func:`rewardd.service.tenancy.metrics_access`): the series describe every tenant's traffic.
+:func:`rewardd.service.api.deps.metrics_access`): the series describe every tenant's traffic.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def _per_queue(name: str, text: str, values: Mapping[str, float] | None,
 
 def tenant_label(scope: Mapping[str, Any]) -> str:
     """The ``tenant`` label of a request once served: the tenant its API key resolved to
-    (:func:`rewardd.service.tenancy.current_tenant` keeps it in the request state), else
+    (:func:`rewardd.service.api.deps.current_tenant` keeps it in the request state), else
     :data:`NO_TENANT`."""
     tenant = (scope.get("state") or {}).get("tenant")
     name = getattr(tenant, "name", None)
