@@ -33,6 +33,12 @@ CENSUS_EVERY_S = 10.0
 collects replies for CENSUS_TIMEOUT_S, taken in the background at most every
 CENSUS_EVERY_S."""
 
+CENSUS_EMPTY_EVERY_S = 1.0
+"""A census that heard no worker (or failed) is retaken after this instead: a fleet that
+scales up from zero, or an API that started before its workers, shows its workers in the
+metrics and the packing within a second or two, not after CENSUS_EVERY_S (under load the
+first broadcast can miss a worker that is still starting)."""
+
 DEPTH_TIMEOUT_S = 1.0
 """Connect and read timeout of the queue-depth reads of a /metrics scrape."""
 
@@ -72,12 +78,19 @@ class FleetCensus:
         with self._lock:
             if self.closed or (self._job is not None and not self._job.done()):
                 return
-            if self._taken_at is not None and time.monotonic() - self._taken_at < CENSUS_EVERY_S:
+            if self._taken_at is not None and \
+                    time.monotonic() - self._taken_at < self._refresh_after_s():
                 return
             try:
                 self._job = self._io.submit(self.take)
             except RuntimeError:  # the I/O pool shut down (closing)
                 pass
+
+    def _refresh_after_s(self) -> float:
+        """CENSUS_EVERY_S after a census that heard workers, CENSUS_EMPTY_EVERY_S after one
+        that heard none or failed."""
+        heard = (self._report or {}).get("workers")
+        return CENSUS_EVERY_S if heard else CENSUS_EMPTY_EVERY_S
 
     def take(self) -> None:
         """In an I/O thread: which workers answer a broadcast, the queues each consumes and

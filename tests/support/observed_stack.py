@@ -132,7 +132,9 @@ def _wait_ready(stack: Stack) -> None:
                 raise RuntimeError(f"{proc.args[3]} exited with {proc.returncode}:\n"
                                    f"{log.read_text(errors='replace')[-4000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{stack.api}/readyz", timeout=5).status_code == 200 and \
+            ready = httpx.get(f"{stack.api}/readyz", timeout=5)
+            # ready (a worker's heartbeat) and counted by the census the metrics read
+            if ready.status_code == 200 and ready.json()["executor"].get("workers") and \
                     httpx.get(stack.worker_metrics, timeout=5).status_code == 200:
                 return
         if time.monotonic() > deadline:

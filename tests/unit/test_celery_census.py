@@ -12,7 +12,8 @@ import pytest
 from rewardd.service.settings import Settings
 from rewardd.workers.broker_probe import queue_lists
 from rewardd.workers.celery_app import CENSUS_COMMAND, create_celery
-from rewardd.workers.census import CENSUS_TIMEOUT_S, FleetCensus
+from rewardd.workers.census import (CENSUS_EMPTY_EVERY_S, CENSUS_EVERY_S, CENSUS_TIMEOUT_S,
+                                    FleetCensus)
 from rewardd.workers.routing import Router
 
 
@@ -73,6 +74,24 @@ def test_a_failed_census_says_why_and_counts_nothing(census: FleetCensus) -> Non
     assert census.report() == {"workers": None, "error": "ConnectionError: broker down"}
     assert census.workers_by_queue() is None
     assert census.slots_by_queue() == {}
+
+
+def test_a_census_that_heard_nobody_is_retaken_sooner(census: FleetCensus) -> None:
+    """An API that started before its workers counts them within a second or two, not after
+    CENSUS_EVERY_S (the CI run that saw ``rewardd_workers{queue="cpu"} 0`` with a worker
+    up); a census that heard workers stays fresh for CENSUS_EVERY_S."""
+    assert CENSUS_EMPTY_EVERY_S < CENSUS_EVERY_S
+    control = use(census, [], [], [{"w1@h": {"queues": ["cpu"], "slots": 1}}])
+    census.take()
+    assert census.report()["workers"] == 0
+    census._taken_at -= CENSUS_EMPTY_EVERY_S  # type: ignore[operator]  # aged, by the clock
+    census.soon()
+    assert census._job is not None
+    census._job.result(timeout=30)
+    assert census.report()["workers"] == 1 and len(control.calls) == 3
+    census._taken_at -= CENSUS_EMPTY_EVERY_S  # type: ignore[operator]
+    census.soon()  # heard a worker: fresh for CENSUS_EVERY_S, nothing broadcast
+    assert census._job.done() and len(control.calls) == 3
 
 
 def test_a_closed_census_starts_nothing(census: FleetCensus) -> None:
