@@ -8,7 +8,7 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded test-faults test-deploy deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean
+        test-client-env test-loaded test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean
 
 install: $(VENV)/.installed
 
@@ -189,6 +189,12 @@ bench: install redis
 # flight. Each test asserts what the user gets and how long it took.
 test-faults: install redis sandbox-deps
 	$(PY) -m pytest -m faults tests/faults
+
+# A hostile tenant replayed against a real server (tests/abuse): each test asserts a typed
+# refusal or a bounded cost, by the memory and CPU time of the server's processes and by the
+# other tenant's answers meanwhile, never by wall clock.
+test-abuse: install redis sandbox-deps
+	$(PY) -m pytest -m abuse tests/abuse
 
 # deploy/ checked offline with the real tools (tests/deploy): helm lint and template,
 # kubernetes-validate, hadolint, promtool, and a real Prometheus scraping rewardd.

@@ -96,6 +96,8 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 JobCounter = Callable[[], Mapping[str, int]]
 _job_counter: JobCounter | None = None
 _job_counter_lock = threading.Lock()
+BudgetUsage = Callable[[], Mapping[tuple[str, str], int]]
+_budget_usage: BudgetUsage | None = None
 
 
 OTHER = "other"
@@ -227,6 +229,14 @@ def register_job_counter(fn: JobCounter | None) -> None:
         _job_counter = fn
 
 
+def register_budgets(fn: BudgetUsage | None) -> None:
+    """Export ``rewardd_tenant_held{tenant,bound}`` from ``fn()`` ((tenant, bound) -> units
+    this process holds: :meth:`rewardd.service.budgets.TenantBudgets.usage`), read at every
+    scrape; None unregisters."""
+    global _budget_usage
+    _budget_usage = fn
+
+
 class ScrapeCollector:
     """Metrics read when /metrics is scraped.
 
@@ -236,6 +246,8 @@ class ScrapeCollector:
       ``executor.workers_by_queue()`` (the executor's background census, never a broadcast
       per scrape);
     * ``rewardd_jobs{state}``: from the function given to :func:`register_job_counter`;
+    * ``rewardd_tenant_held{tenant,bound}``: what this process holds per tenant against each
+      per-tenant bound (:func:`register_budgets`; per process: sum over pods);
     * ``rewardd_queue_oldest_age_seconds{queue}``, ``rewardd_tasks_unacked{queue}`` and
       ``rewardd_tasks_unacked_oldest_age_seconds{queue}``: from the broker
       (:mod:`rewardd.workers.broker_probe`);
@@ -281,6 +293,14 @@ class ScrapeCollector:
                                        "with max by (state)).", labels=["state"])
             for state in [*JOB_STATES, *sorted(set(jobs) - set(JOB_STATES))]:
                 family.add_metric([state], jobs.get(state, 0))
+            yield family
+        usage = _budget_usage
+        if usage is not None:
+            family = GaugeMetricFamily("rewardd_tenant_held", "Units each tenant holds in this "
+                                       "API process against a per-tenant bound (per process: "
+                                       "sum over pods).", labels=["tenant", "bound"])
+            for (tenant, bound), held in sorted(usage().items()):
+                family.add_metric([tenant, bound], held)
             yield family
         family = GaugeMetricFamily("rewardd_metrics_source_up",
                                    "1 when the source answered this scrape, 0 when it failed "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rewardd.service.budgets import TenantBudgets
 from rewardd.service.limits import Limiter, MemoryLimiter, RedisLimiter
 from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from rewardd.service.settings import Settings
@@ -40,6 +41,8 @@ class Runtime:
     """Per-run state of stateful estimators (each tenant reads it through ``for_tenant``)."""
     limiter: Limiter
     """Per-tenant slots of work in flight."""
+    budgets: TenantBudgets
+    """Per-tenant bounds on what this process holds for a tenant (streams, parked requests)."""
     redis: redis.asyncio.Redis | None = None
     """The shared-state client (jobs, sessions, limits across pods); None: all in process."""
     _executor: Executor | None = field(default=None, repr=False)
@@ -70,7 +73,8 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     url = settings.state_redis_url
     if not url:
         return Runtime(settings=settings, keys=keys, runs=MemoryRunStore(settings.run_state_ttl_s),
-                       limiter=MemoryLimiter(settings.retry_after_s), _executor=executor)
+                       limiter=MemoryLimiter(settings.retry_after_s),
+                       budgets=TenantBudgets(settings.retry_after_s), _executor=executor)
     import redis
     import redis.asyncio
 
@@ -84,7 +88,8 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     client = redis.asyncio.Redis(connection_pool=pool)
     runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
     return Runtime(settings=settings, keys=keys, runs=runs,
-                   limiter=RedisLimiter(client, settings.retry_after_s), redis=client,
+                   limiter=RedisLimiter(client, settings.retry_after_s),
+                   budgets=TenantBudgets(settings.retry_after_s), redis=client,
                    _executor=executor)
 
 

@@ -77,6 +77,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         jobs = RedisJobStore(runtime.redis, settings.job_ttl_s, url=settings.state_redis_url)
         session_store = RedisStore(runtime.redis, settings.session_ttl_s)
     metrics.register_job_counter(jobs.counts)
+    metrics.register_budgets(runtime.budgets.usage)
     sessions = SessionManager(runtime, session_store)
     return Services(runtime=runtime, jobs=JobService(runtime, jobs),
                     sessions=sessions, compat=CompatScorer(runtime, sessions))
