@@ -19,7 +19,8 @@ What is checked, in order and in the API process's CPU time, never in wall-clock
   the big one was sent and answered before it was);
 * the stalls: for each of those answers, the CPU time the API process spent between its
   request and its answer (read from the process's CPU clock, tests/support/cpu.py), that is
-  the work the answer waited behind, is under :data:`MAX_STALL_SHARE` of the CPU time the
+  the work the answer waited behind; of each kind (pings, small requests) the third-worst
+  answer (:data:`TOLERATED_OUTLIERS`) is under :data:`MAX_STALL_SHARE` of the CPU time the
   process spent during the big request.
 
 The wall-clock version of the second check (the worst answer's duration against the big
@@ -47,14 +48,21 @@ from tests.support.server import ServerFailed, server_process
 pytestmark = pytest.mark.e2e
 
 GROUPS, GROUP_SIZE = 3_000, 16
-MAX_STALL_SHARE = 0.06
-"""The most API-process CPU time spent while one /healthz or small request waited, as a
-share of the API process's CPU time during the big request. Measured on the shared 2-core
-machine, idle and beside 2, 4 and 6 busy loops: 2.1-3.8% with the heavy lane as shipped
-(11 runs; the same runs' wall-clock shares were 1.5-6.5%, the most under the most load);
-7.4-9.1% with the lane turned off (``heavy.mark`` a no-op; 7 runs, idle and beside 2 busy
-loops; their wall-clock shares were 5.5-13.8%, so the old wall-clock bound of 6% also let
-the lane's absence pass)."""
+MAX_STALL_SHARE = 0.055
+"""The most API-process CPU time spent while one /healthz or small request waited (the
+third-worst of each kind, see TOLERATED_OUTLIERS), as a share of the API process's CPU time
+during the big request. Measured on the shared 2-core machine beside six other test runs,
+six runs each way: 2.2-4.1% with the heavy lane as shipped, 6.6-9.1% with the lane turned
+off (``heavy.mark`` a no-op), so the bound fails without the lane in every run seen. (An
+earlier bound of 6% on the single worst answer, from 2.1-3.8% measured on an idle machine,
+failed CI at 7.1%: on a loaded machine the worst answer with the lane reached 3.3-6.7% here,
+against 9.6-11.7% without it.)"""
+TOLERATED_OUTLIERS = 2
+"""Answers of each kind allowed past the bound. One answer can be unlucky in a way no code
+here causes (a garbage-collector pass or the scheduler's GIL hand-off lands inside it);
+a step that blocks the event loop stalls every answer that arrives while it runs, and the
+request without the lane has several such steps (validation, the collector's scans, the
+answer's encoding), so its third-worst answers still stall (above)."""
 MIN_PINGS, MIN_SMALLS = 10, 3
 """Answers that must complete while the big request runs (seen: 150 to 800 of each, idle or
 busy): the big request stalls nobody for its whole duration."""
@@ -168,18 +176,20 @@ def test_a_huge_valid_request_does_not_stall_other_tenants(server: Server,
         f"the big request")
     assert all(a.status == 200 for a in during_pings + during_smalls)
 
-    worst_ping = max(during_pings, key=lambda a: a.server_cpu_s)
-    worst_small = max(during_smalls, key=lambda a: a.server_cpu_s)
+    worst_ping, worst_small = (
+        sorted(answers, key=lambda a: a.server_cpu_s)[-1 - TOLERATED_OUTLIERS]
+        for answers in (during_pings, during_smalls))
     took = ended - began
-    print(f"big {took:.1f} s, API CPU {big_cpu_s:.2f} s; {len(during_pings)} pings, worst "
+    print(f"big {took:.1f} s, API CPU {big_cpu_s:.2f} s; {len(during_pings)} pings, third-worst "
           f"{worst_ping.server_cpu_s * 1e3:.0f} ms of API CPU "
           f"({worst_ping.server_cpu_s / big_cpu_s:.1%}); {len(during_smalls)} small "
-          f"requests, worst {worst_small.server_cpu_s * 1e3:.0f} ms "
+          f"requests, third-worst {worst_small.server_cpu_s * 1e3:.0f} ms "
           f"({worst_small.server_cpu_s / big_cpu_s:.1%}); wall-clock shares, for reference: "
           f"{max(a.answered - a.sent for a in during_pings) / took:.1%} and "
           f"{max(a.answered - a.sent for a in during_smalls) / took:.1%}")
     for name, worst in (("/healthz", worst_ping), ("a small request of t1", worst_small)):
         assert worst.server_cpu_s <= MAX_STALL_SHARE * big_cpu_s, (
-            f"{name} waited while the API process spent {worst.server_cpu_s * 1e3:.0f} ms of "
+            f"{name} (the third-worst) waited while the API process spent "
+            f"{worst.server_cpu_s * 1e3:.0f} ms of "
             f"CPU, {worst.server_cpu_s / big_cpu_s:.1%} of its {big_cpu_s:.2f} s during the "
             f"big request (bound {MAX_STALL_SHARE:.0%})")
