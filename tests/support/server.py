@@ -37,8 +37,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
+READY_WITHIN_S = 300.0
+"""A guard against a server that never starts, not a measurement: a start imports torch and
+the verifiers in every process (with ``--workers 2`` two API processes and two pools); on
+the shared 2-core machine at load average 12 one took over 90 s."""
+
+
 @contextlib.contextmanager
-def running_server(*flags: str, ready_within_s: float = 90.0,
+def running_server(*flags: str, ready_within_s: float = READY_WITHIN_S,
                    env: Mapping[str, str] | None = None) -> Iterator[str]:
     """Yield the base URL of a fresh server started with ``flags`` (and ``env`` added to its
     environment); SIGTERM it on exit."""
@@ -47,7 +53,7 @@ def running_server(*flags: str, ready_within_s: float = 90.0,
 
 
 @contextlib.contextmanager
-def server_process(*flags: str, ready_within_s: float = 90.0,
+def server_process(*flags: str, ready_within_s: float = READY_WITHIN_S,
                    env: Mapping[str, str] | None = None,
                    ready_path: str = "/readyz") -> Iterator[tuple[str, subprocess.Popen]]:
     """:func:`running_server`, also yielding the process (for tests that kill it); ready

@@ -157,8 +157,10 @@ def test_cpu_spin_is_a_timeout(sandbox: Sandbox) -> None:
     wall-clock limit at 0.4 s of CPU)."""
     [result] = run(sandbox, "while True: pass",
                    limits=Limits(cpu_s=1.0, wall_s=120, memory_mb=256))
-    assert result.status == "timeout"
-    assert 0.9 <= result.cpu_s < 2.5
+    assert result.status == "timeout" and result.message == "CPU time limit"
+    # the rusage the result reports can read a little under the kernel's own count that sent
+    # SIGXCPU at 1 s (0.8995 s seen at load average 12): the spin ran about its limit
+    assert 0.8 <= result.cpu_s < 2.5
 
 
 def test_sleep_past_wall_clock_is_a_timeout(sandbox: Sandbox) -> None:
