@@ -59,6 +59,15 @@ def main() -> None:
     """rewardd: rewards and per-token advantages for RL post-training."""
 
 
+WORKER_HEALTHCHECK_S = 60
+"""With ``--workers`` > 1, how long uvicorn's supervisor waits for an API process to answer
+its ping (a thread in that process) before it kills it. uvicorn's default of 5 s killed
+processes that were only busy: a start imports torch, whose shared libraries load with the
+GIL held, and took over 8 s on a loaded 2-core machine, so the server never became ready;
+a process encoding a very large answer holds the GIL alike. A hung process still goes,
+after a minute."""
+
+
 @main.command()
 @settings_options("host", "port", "grpc_port", "workers", "pool_size", "verifier_timeout_s",
                   "max_verifier_timeout_s", "max_body_bytes", "plugins", "broker_url",
@@ -77,6 +86,7 @@ def serve(**flags: Any) -> None:
     uvicorn.run("rewardd.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, log_level=settings.log_level,
                 timeout_graceful_shutdown=settings.shutdown_grace_s,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
                 log_config=logging_config(settings.log_format, settings.log_level))
 
 
