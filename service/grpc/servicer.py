@@ -20,8 +20,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from rewardd.advantages.checks import pydantic_errors
 from rewardd.advantages.errors import Loc, RequestInvalid
 from rewardd.advantages.registry import Kind
-from rewardd.service import catalogue, pipeline
-from rewardd.service.codec import BodyError
+from rewardd.service import catalogue, heavy, pipeline
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.grpc import convert
 from rewardd.service.grpc import rewardd_pb2 as pb
@@ -62,13 +61,10 @@ def parse_message(message: Any, model: type[M]) -> M:
 
 
 async def read_message(message: Any, model: type[M], tenant: Tenant) -> M:
-    """:func:`parse_message` under the tenant's body limit (REST's 413, by encoded size)."""
-    size = message.ByteSize()
-    if size > tenant.max_body_bytes:
-        raise BodyError(413, f"request message of {size} bytes is over the limit of "
-                        f"{tenant.max_body_bytes} bytes (max_body_bytes of tenant "
-                        f"{tenant.name!r} or REWARDD_MAX_BODY_BYTES); split the batch")
-    return await asyncio.to_thread(parse_message, message, model)
+    """:func:`parse_message` off the event loop (a large one in the heavy lane). The
+    tenant's body limit was applied to the message's bytes before they were parsed
+    (:mod:`.intake`)."""
+    return await heavy.offload(parse_message, message, model)
 
 
 def validate(adapter: TypeAdapter, value: Any, loc: Loc) -> Any:
