@@ -1,7 +1,8 @@
 """The rewardd.v1.Rewardd service: each call is the REST route's, over messages.
 
-Every call authenticates from the ``authorization`` metadata (the REST keys and tenants),
-converts its message to the REST body, validates it with the same pydantic model, and calls
+Every call authenticates from the ``authorization`` metadata (the REST keys and tenants;
+:mod:`.intake` did so before the message was read, and applied the tenant's body limit to
+its bytes before they were parsed), converts its message to the REST body, validates it with the same pydantic model, and calls
 the same service the REST route calls (:mod:`rewardd.service.pipeline`,
 :mod:`rewardd.service.verify`, :class:`~rewardd.service.jobs.service.JobService`...). Calls that spend workers or CPU hold the tenant's limiter slot like
 their routes. A call past its deadline (or cancelled by its client) is cancelled by gRPC,
