@@ -12,6 +12,9 @@ import pytest
 from rewardd.advantages.bounds import MAX_DEPTH
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc.errors import ECHO_CHARS
+from rewardd.service.grpc.intake import receive_limit
+from rewardd.service.settings import Settings
+from rewardd.service.tenancy import KeyRing, Tenant
 from tests.grpc.conftest import KEY, SMALL_KEY, auth
 from tests.grpc.requests import MALFORMED, chain_of, verify_bytes
 from tests.grpc.test_grpc_errors import call_error, status_of
@@ -93,3 +96,11 @@ def test_a_10_kb_job_id_is_not_found_with_the_id_cut(grpc_server):
     assert code == grpc.StatusCode.NOT_FOUND and got["info"] == ("rewardd", "not_found")
     # the id (with its quotes) keeps its first characters and says how long it was
     assert caught.value.details() == f"no job '{'j' * (ECHO_CHARS - 1)}…(10002 chars)"
+
+
+def test_grpcs_own_receive_limit_is_the_largest_tenants():
+    settings = Settings(max_body_bytes=1000)
+    ring = KeyRing({"d1": Tenant("a", 1, 100, "max_body_bytes of tenant 'a'"),
+                    "d2": Tenant("b", 1, 700, "max_body_bytes of tenant 'b'")})
+    assert receive_limit(ring, settings) == 700  # no tenant may send more
+    assert receive_limit(KeyRing({}), settings) == 1000  # keys off: the server's setting
