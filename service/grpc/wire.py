@@ -107,8 +107,11 @@ def parse(cls: type[Message], raw: bytes) -> Message:
 
 # ---- Struct, Value and ListValue from their wire bytes ---------------------------------
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _DOUBLE = _struct.Struct("<d")
+# Tags (field number << 3 | wire type) of the fields read; one byte each. Others are skipped.
+_ENTRY = _KEY = _ITEM = 0x0A      # Struct.fields, entry key, ListValue.values (1, LEN)
+_ENTRY_VALUE = 0x12               # the entry's value (2, LEN)
+_NULL, _NUMBER, _STRING, _BOOL, _STRUCT, _LIST = 0x08, 0x11, 0x1A, 0x20, 0x2A, 0x32
 
 
 class _Malformed(Exception):
@@ -128,54 +131,37 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes, start: int, end: int) -> Any:
-    """(field number, wire type, value) of each field in ``buf[start:end]``; a
-    length-delimited value is its (start, end), others their integer."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        number, kind = key >> 3, key & 7
-        if kind == _VARINT:
-            value, pos = _varint(buf, pos)
-        elif kind == _I64:
-            value, pos = (pos, pos + 8), pos + 8
-        elif kind == _LEN:
-            size, pos = _varint(buf, pos)
-            value, pos = (pos, pos + size), pos + size
-        elif kind == _I32:
-            value, pos = (pos, pos + 4), pos + 4
-        else:
-            raise _Malformed(f"wire type {kind} (groups) in a Struct")
+def _span(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start, end) of the length-delimited value whose length starts at ``pos``."""
+    size, pos = _varint(buf, pos)
+    if pos + size > end:
+        raise _Malformed("a field runs past its message")
+    return pos, pos + size
+
+
+def _skip(buf: bytes, pos: int, end: int) -> int:
+    """The position after the (unknown) field starting at ``pos``."""
+    key, pos = _varint(buf, pos)
+    kind = key & 7
+    if kind == 0:
+        return _varint(buf, pos)[1]
+    if kind == 2:
+        return _span(buf, pos, end)[1]
+    if kind in (1, 5):
+        pos += 8 if kind == 1 else 4
         if pos > end:
             raise _Malformed("a field runs past its message")
-        yield number, kind, value
+        return pos
+    raise _Malformed(f"wire type {kind} (groups) in a Struct")
 
 
-def _text(buf: bytes, span: tuple[int, int], loc: Loc) -> str:
+def _text(buf: bytes, start: int, end: int, loc: Loc) -> str:
     try:
-        return buf[span[0]:span[1]].decode("utf-8")
+        return buf[start:end].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RequestInvalid([error(loc, f"string is not valid UTF-8 ({exc.reason} at byte "
                                     f"{exc.start}): protobuf strings must be UTF-8",
                                     "string_unicode")]) from None
-
-
-def _value(buf: bytes, start: int, end: int, level: int, loc: Loc) -> Any:
-    out: Any = None
-    for number, kind, value in _fields(buf, start, end):
-        if number == 1 and kind == _VARINT:
-            out = None
-        elif number == 2 and kind == _I64:
-            out = _number(_DOUBLE.unpack_from(buf, value[0])[0], loc)
-        elif number == 3 and kind == _LEN:
-            out = _text(buf, value, loc)
-        elif number == 4 and kind == _VARINT:
-            out = bool(value)
-        elif number == 5 and kind == _LEN:
-            out = _struct_at(buf, *value, level + 1, loc)
-        elif number == 6 and kind == _LEN:
-            out = _list_at(buf, *value, level + 1, loc)
-    return out
 
 
 def _number(value: float, loc: Loc) -> float | int:
@@ -185,30 +171,69 @@ def _number(value: float, loc: Loc) -> float | int:
     return int(value) if value.is_integer() and abs(value) < MAX_EXACT_INT else value
 
 
-def _struct_at(buf: bytes, start: int, end: int, level: int, loc: Loc) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if level > DECODED_LEVELS:
-        return out
-    for number, kind, span in _fields(buf, start, end):
-        if number != 1 or kind != _LEN:
-            continue
-        key, item = "", None
-        for entry, entry_kind, value in _fields(buf, *span):
-            if entry == 1 and entry_kind == _LEN:
-                key = _text(buf, value, loc)
-            elif entry == 2 and entry_kind == _LEN:
-                item = value
-        out[key] = None if item is None else _value(buf, *item, level, loc + (key,))
+def _value(buf: bytes, pos: int, end: int, level: int, loc: Loc, key: Any) -> Any:
+    """A Value's content (the last kind set wins, as protobuf's parser has it); ``loc`` and
+    ``key`` place it, joined only when needed (an error, a container)."""
+    out: Any = None
+    while pos < end:
+        tag = buf[pos]
+        if tag == _NUMBER:
+            if pos + 9 > end:
+                raise _Malformed("a field runs past its message")
+            out = _number(_DOUBLE.unpack_from(buf, pos + 1)[0], loc + (key,))
+            pos += 9
+        elif tag == _STRING:
+            start, pos = _span(buf, pos + 1, end)
+            out = _text(buf, start, pos, loc + (key,))
+        elif tag in (_NULL, _BOOL):
+            flag, pos = _varint(buf, pos + 1)
+            out = bool(flag) if tag == _BOOL else None
+        elif tag == _STRUCT:
+            start, pos = _span(buf, pos + 1, end)
+            out = _struct_at(buf, start, pos, level + 1, loc + (key,))
+        elif tag == _LIST:
+            start, pos = _span(buf, pos + 1, end)
+            out = _list_at(buf, start, pos, level + 1, loc + (key,))
+        else:
+            pos = _skip(buf, pos, end)
     return out
 
 
-def _list_at(buf: bytes, start: int, end: int, level: int, loc: Loc) -> list[Any]:
+def _struct_at(buf: bytes, pos: int, end: int, level: int, loc: Loc) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if level > DECODED_LEVELS:
+        return out
+    while pos < end:
+        if buf[pos] != _ENTRY:
+            pos = _skip(buf, pos, end)
+            continue
+        at, stop = _span(buf, pos + 1, end)
+        key, item = "", None
+        while at < stop:
+            tag = buf[at]
+            if tag == _KEY:
+                start, at = _span(buf, at + 1, stop)
+                key = _text(buf, start, at, loc)
+            elif tag == _ENTRY_VALUE:
+                item = _span(buf, at + 1, stop)
+                at = item[1]
+            else:
+                at = _skip(buf, at, stop)
+        out[key] = None if item is None else _value(buf, *item, level, loc, key)
+        pos = stop
+    return out
+
+
+def _list_at(buf: bytes, pos: int, end: int, level: int, loc: Loc) -> list[Any]:
     out: list[Any] = []
     if level > DECODED_LEVELS:
         return out
-    for number, kind, span in _fields(buf, start, end):
-        if number == 1 and kind == _LEN:
-            out.append(_value(buf, *span, level, loc + (len(out),)))
+    while pos < end:
+        if buf[pos] != _ITEM:
+            pos = _skip(buf, pos, end)
+            continue
+        start, pos = _span(buf, pos + 1, end)
+        out.append(_value(buf, start, pos, level, loc, len(out)))
     return out
 
 
