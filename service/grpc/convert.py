@@ -22,12 +22,11 @@ from google.protobuf.message import Message
 from rewardd.advantages.errors import Loc, RequestInvalid, error
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.grpc import rewardd_pb2 as pb
+from rewardd.service.grpc import wire
 
 M = TypeVar("M", bound=Message)
 
-MAX_EXACT_INT = 2 ** 53
-"""Whole-number doubles below this in a Struct read as ints (JSON cannot tell them apart
-either; above it a double no longer holds every integer)."""
+MAX_EXACT_INT = wire.MAX_EXACT_INT
 
 _STRUCT = struct_pb2.Struct.DESCRIPTOR
 _VALUE = struct_pb2.Value.DESCRIPTOR
@@ -35,17 +34,6 @@ _ROW = pb.Float32Row.DESCRIPTOR
 _TOKEN_VALUES = pb.TokenValues.DESCRIPTOR
 PATH_FIELDS = {"VerifyRequest": ("verifier",)}
 """Fields that are the REST path's parameters, not the body's."""
-
-
-def _plain(value: Any) -> Any:
-    """A Struct's value with whole-number doubles as ints."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and abs(value) < MAX_EXACT_INT else value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _row(row: pb.Float32Row, loc: Loc) -> list[float]:
@@ -58,7 +46,9 @@ def _row(row: pb.Float32Row, loc: Loc) -> list[float]:
 
 def to_body(message: Message, loc: Loc = ("body",)) -> dict[str, Any]:
     """The REST body ``message`` stands for: set fields only (an unset optional is absent,
-    so the model's default or 'Field required' applies at the same path as REST)."""
+    so the model's default or 'Field required' applies at the same path as REST). Takes a
+    generated message or its wire twin (:mod:`.wire`: what the server parses), whose
+    Structs are decoded to REST's nesting limit."""
     skip = PATH_FIELDS.get(message.DESCRIPTOR.name, ())
     out: dict[str, Any] = {}
     for field, value in message.ListFields():
@@ -66,13 +56,15 @@ def to_body(message: Message, loc: Loc = ("body",)) -> dict[str, Any]:
         if name in skip:
             continue
         here = loc + (name,)
-        if field.message_type is None:
+        if field.full_name in wire.STRUCT_FIELDS:  # a wire twin's Struct, still bytes
+            out[name] = wire.struct_of(value, here)
+        elif field.message_type is None:
             out[name] = list(value) if _is_repeated(field) else value
         elif field.message_type.GetOptions().map_entry:
             out[name] = dict(value)  # request maps hold scalars (weights)
         elif field.message_type is _STRUCT:
-            out[name] = _plain(json_format.MessageToDict(value))
-        elif field.message_type is _ROW:
+            out[name] = wire.struct_of(value.SerializeToString(), here)
+        elif field.message_type.name == _ROW.name:  # the generated message or its twin
             out[name] = _row(value, here)
         elif _is_repeated(field):
             out[name] = [to_body(item, here + (i,)) for i, item in enumerate(value)]

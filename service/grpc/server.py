@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rewardd.service.grpc import intake
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc.servicer import RewarddServicer
 from rewardd.service.services import Services
@@ -23,33 +24,23 @@ def _serialize(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def handlers(servicer: RewarddServicer) -> grpc.GenericRpcHandler:
-    """The service's method handlers, as the generated ``add_RewarddServicer_to_server``
-    makes them but with :func:`_serialize` for every response."""
-    methods = {}
-    for method in pb.DESCRIPTOR.services_by_name["Rewardd"].methods:
-        make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                else grpc.unary_unary_rpc_method_handler)
-        methods[method.name] = make(getattr(servicer, method.name),
-                                    request_deserializer=getattr(pb, method.input_type.name).FromString,
-                                    response_serializer=_serialize)
-    return grpc.method_handlers_generic_handler(SERVICE, methods)
-
-
 async def start(services: Services) -> tuple[grpc.aio.Server, int]:
     """Serve rewardd.v1.Rewardd on ``settings.host:settings.grpc_port`` (0: a free port);
-    (the server, the bound port). Messages up to REWARDD_MAX_BODY_BYTES are read (larger:
-    RESOURCE_EXHAUSTED from gRPC itself); answers are not capped, like REST's."""
+    (the server, the bound port). Each call is authenticated and held to its tenant's body
+    limit before its message is read (:mod:`.intake`); gRPC itself reads no message over
+    the largest tenant's limit (larger: RESOURCE_EXHAUSTED from gRPC). Answers are not
+    capped, like REST's."""
     settings = services.settings
     server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        ("grpc.max_receive_message_length", intake.receive_limit(services.keys, settings)),
         ("grpc.max_send_message_length", -1),
         # HTTP/2 pings on idle connections (a WatchJob waiting on a long group): what REST's
         # `: keep-alive` comments do for proxies that cut silent streams
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", 20_000),
     ])
-    server.add_generic_rpc_handlers((handlers(RewarddServicer(services)),))
+    server.add_generic_rpc_handlers(
+        (intake.handlers(RewarddServicer(services), services, _serialize),))
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection(

@@ -1,7 +1,8 @@
 """The rewardd.v1.Rewardd service: each call is the REST route's, over messages.
 
-Every call authenticates from the ``authorization`` metadata (the REST keys and tenants),
-converts its message to the REST body, validates it with the same pydantic model, and calls
+Every call authenticates from the ``authorization`` metadata (the REST keys and tenants;
+:mod:`.intake` did so before the message was read, and applied the tenant's body limit to
+its bytes before they were parsed), converts its message to the REST body, validates it with the same pydantic model, and calls
 the same service the REST route calls (:mod:`rewardd.service.pipeline`,
 :mod:`rewardd.service.verify`, :class:`~rewardd.service.jobs.service.JobService`...). Calls that spend workers or CPU hold the tenant's limiter slot like
 their routes. A call past its deadline (or cancelled by its client) is cancelled by gRPC,
@@ -20,8 +21,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from rewardd.advantages.checks import pydantic_errors
 from rewardd.advantages.errors import Loc, RequestInvalid
 from rewardd.advantages.registry import Kind
-from rewardd.service import catalogue, pipeline
-from rewardd.service.codec import BodyError
+from rewardd.service import catalogue, heavy, pipeline
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.grpc import convert
 from rewardd.service.grpc import rewardd_pb2 as pb
@@ -62,13 +62,10 @@ def parse_message(message: Any, model: type[M]) -> M:
 
 
 async def read_message(message: Any, model: type[M], tenant: Tenant) -> M:
-    """:func:`parse_message` under the tenant's body limit (REST's 413, by encoded size)."""
-    size = message.ByteSize()
-    if size > tenant.max_body_bytes:
-        raise BodyError(413, f"request message of {size} bytes is over the limit of "
-                        f"{tenant.max_body_bytes} bytes (max_body_bytes of tenant "
-                        f"{tenant.name!r} or REWARDD_MAX_BODY_BYTES); split the batch")
-    return await asyncio.to_thread(parse_message, message, model)
+    """:func:`parse_message` off the event loop (a large one in the heavy lane). The
+    tenant's body limit was applied to the message's bytes before they were parsed
+    (:mod:`.intake`)."""
+    return await heavy.offload(parse_message, message, model)
 
 
 def validate(adapter: TypeAdapter, value: Any, loc: Loc) -> Any:

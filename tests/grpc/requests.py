@@ -44,3 +44,42 @@ def message(cls: type, data: dict) -> Any:
 
 def score_message(data: dict | None = None) -> pb.ScoreRequest:
     return message(pb.ScoreRequest, data if data is not None else SCORE)
+
+
+MALFORMED = b"\x0a\xff\xff\xff\xff\x0f" + b"\x00" * 64
+"""A length-delimited field claiming ~4 GB: no message parses from it."""
+
+
+def chain_of(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def _framed(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def verify_bytes(levels: int) -> bytes:
+    """A VerifyRequest (math, answer 1) whose reference is ``levels`` deep, serialized by
+    hand from the inside out (the protobuf library's Struct.update recurses in Python and
+    its parser stops at 100 message levels, about 33 of a Struct's)."""
+    inner = b""  # the innermost {}, at level `levels` (the reference is level 1)
+    for _ in range(levels - 2):
+        entry = _framed(1, b"a") + _framed(2, _framed(5, inner))  # "a": {struct_value}
+        inner = _framed(1, entry)
+    answer = _framed(1, _framed(1, b"answer") + _framed(2, _framed(3, b"1")))
+    reference = answer + _framed(1, _framed(1, b"deep") + _framed(2, _framed(5, inner)))
+    head = pb.VerifyRequest(verifier="math", completion="\\boxed{1}").SerializeToString()
+    return head + _framed(pb.VerifyRequest.DESCRIPTOR.fields_by_name["reference"].number,
+                          reference)
