@@ -76,6 +76,10 @@ VERIFIER_OUTCOMES = Counter("rewardd_verifier_outcomes_total",
                             ["verifier", "outcome"])
 ROLLOUTS_SCORED = Counter("rewardd_rollouts_scored_total", "Rollouts scored.")
 GROUPS_SCORED = Counter("rewardd_groups_scored_total", "Groups scored.")
+SESSION_SWEEPS = Counter("rewardd_session_sweeps_total",
+                         "Sweeps of the open sessions this API process made (group timeouts, "
+                         "idle sessions, a dead pod's work): a sweep's cost is per session, "
+                         "never per stored group.")
 BATCH_REWARD_MEAN = Gauge("rewardd_batch_reward_mean", "Mean reward of the last batch.",
                           multiprocess_mode="mostrecent")
 BATCH_REWARD_STD = Gauge("rewardd_batch_reward_std", "Std of rewards of the last batch.",
@@ -98,6 +102,7 @@ _job_counter: JobCounter | None = None
 _job_counter_lock = threading.Lock()
 BudgetUsage = Callable[[], Mapping[tuple[str, str], int]]
 _budget_usage: BudgetUsage | None = None
+_stored_usage: BudgetUsage | None = None
 
 
 OTHER = "other"
@@ -237,6 +242,14 @@ def register_budgets(fn: BudgetUsage | None) -> None:
     _budget_usage = fn
 
 
+def register_stored(fn: BudgetUsage | None) -> None:
+    """Export ``rewardd_tenant_stored{tenant,bound}`` from ``fn()`` ((tenant, bound) -> units
+    the session store keeps: :meth:`rewardd.service.sessions.store.SessionStore.held`; shared
+    over pods with Redis), read at every scrape; None unregisters."""
+    global _stored_usage
+    _stored_usage = fn
+
+
 class ScrapeCollector:
     """Metrics read when /metrics is scraped.
 
@@ -248,6 +261,8 @@ class ScrapeCollector:
     * ``rewardd_jobs{state}``: from the function given to :func:`register_job_counter`;
     * ``rewardd_tenant_held{tenant,bound}``: what this process holds per tenant against each
       per-tenant bound (:func:`register_budgets`; per process: sum over pods);
+    * ``rewardd_tenant_stored{tenant,bound}``: what the session store keeps per tenant
+      against its bounds (:func:`register_stored`; shared with Redis: read with max);
     * ``rewardd_queue_oldest_age_seconds{queue}``, ``rewardd_tasks_unacked{queue}`` and
       ``rewardd_tasks_unacked_oldest_age_seconds{queue}``: from the broker
       (:mod:`rewardd.workers.broker_probe`);
@@ -302,11 +317,32 @@ class ScrapeCollector:
             for (tenant, bound), held in sorted(usage().items()):
                 family.add_metric([tenant, bound], held)
             yield family
+        yield from self._stored(up)
         family = GaugeMetricFamily("rewardd_metrics_source_up",
                                    "1 when the source answered this scrape, 0 when it failed "
                                    "(its series then read 0).", labels=["source"])
         for source, ok in sorted(up.items()):
             family.add_metric([source], 1.0 if ok else 0.0)
+        yield family
+
+    @staticmethod
+    def _stored(up: dict[str, bool]) -> Iterator[Metric]:
+        stored = _stored_usage
+        if stored is None:
+            return
+        try:
+            values = stored()
+        except Exception:
+            log.warning("metrics: the session store's counts could not be read", exc_info=True)
+            up["session_store"] = False
+            return
+        up["session_store"] = True
+        family = GaugeMetricFamily("rewardd_tenant_stored", "Units of each per-tenant bound "
+                                   "of the session store (groups, bytes, retained ended "
+                                   "sessions) each tenant holds (shared store: read with max "
+                                   "by (tenant, bound)).", labels=["tenant", "bound"])
+        for (tenant, bound), held in sorted(values.items()):
+            family.add_metric([tenant, bound], held)
         yield family
 
     def _fair_queue(self, queues: list[str]) -> Iterator[Metric]:

@@ -23,7 +23,8 @@ from rewardd.service.runstate import RunStore
 from rewardd.service.runtime import Runtime, build_runtime
 from rewardd.service.sessions.manager import SessionManager
 from rewardd.service.sessions.redis_store import RedisStore
-from rewardd.service.sessions.store import MemoryStore
+from rewardd.service.sessions.quota import StoreLimits
+from rewardd.service.sessions.store import MemoryStore, SessionStore
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import KeyRing
 from rewardd.workers.executor import Executor
@@ -68,16 +69,20 @@ class Services:
 
 def build_services(settings: Settings, executor: Executor | None = None) -> Services:
     """The services the settings describe: in Redis when shared state is configured, else
-    in this process. Exports ``rewardd_jobs{state}`` from the job store."""
+    in this process. Exports ``rewardd_jobs{state}`` from the job store and
+    ``rewardd_tenant_stored{tenant,bound}`` from the session store."""
     runtime = build_runtime(settings, executor)
     if runtime.redis is None:
         jobs: JobStore = MemoryJobStore(settings.job_ttl_s)
-        session_store = MemoryStore(settings.session_ttl_s)
+        session_store: SessionStore = MemoryStore(settings.session_ttl_s,
+                                                  StoreLimits.of(settings))
     else:
         jobs = RedisJobStore(runtime.redis, settings.job_ttl_s, url=settings.state_redis_url)
-        session_store = RedisStore(runtime.redis, settings.session_ttl_s)
+        session_store = RedisStore(runtime.redis, settings.session_ttl_s,
+                                   StoreLimits.of(settings), url=settings.state_redis_url)
     metrics.register_job_counter(jobs.counts)
     metrics.register_budgets(runtime.budgets.usage)
+    metrics.register_stored(session_store.held)
     sessions = SessionManager(runtime, session_store)
     return Services(runtime=runtime, jobs=JobService(runtime, jobs),
                     sessions=sessions, compat=CompatScorer(runtime, sessions))

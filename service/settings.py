@@ -97,6 +97,24 @@ class Settings(WorkerSettings):
         "Kubernetes' default 30 s grace, so the pod is not SIGKILLed first. A request whose "
         "client disconnected is cancelled at once, grace or not.")
 
+    # ---- sessions: what the session store keeps per tenant (issue #28) -------------------
+    session_max_groups: int = Field(
+        4096, ge=1, description="Groups one streaming session may hold; beyond it an add is "
+        "refused (422 naming the setting): bounds one session's memory in the store.")
+    session_tenant_max_groups: int = Field(
+        16384, ge=1, description="Groups one tenant's stored sessions may hold together (over "
+        "every API pod); the tenant's oldest ended sessions are deleted to make room, then an "
+        "add is refused (429 naming the setting): bounds the store's memory per tenant.")
+    session_tenant_max_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="Bytes of rollouts, prompts and references one "
+        "tenant's stored sessions may hold together (over every API pod); the tenant's oldest "
+        "ended sessions are deleted to make room, then an add is refused (429 naming the "
+        "setting): bounds the store's memory per tenant.")
+    session_tenant_max_retained: int = Field(
+        32, ge=1, description="Ended sessions (closed, cancelled, expired) kept per tenant for "
+        "their results and events; past it the oldest is deleted at once, before its "
+        "REWARDD_SESSION_TTL_S: bounds what open/close churn keeps.")
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""

@@ -29,8 +29,9 @@ is the ``/v1/score`` group (``group_id``, ``rollouts`` with ``reward``, ``reward
 close, and ``wait_group`` after the close answers the final ones), ``reason`` (``full``,
 ``closed``, ``timeout``), ``failed`` and ``arrived``. Errors: ``SessionNotFound`` (404),
 ``SessionConflict`` (409; a resent rollout with other content, a group or session no longer
-open), ``RequestInvalid`` (422 naming the field), ``SessionBusy`` (429: the tenant's open
-sessions or rollouts in flight), all handled by the app.
+open), ``RequestInvalid`` (422 naming the field; a session's groups), ``SessionBusy`` (429:
+the tenant's open sessions, rollouts in flight, stored groups or bytes), all handled by the
+app.
 
 Semantics:
 
@@ -48,7 +49,11 @@ Semantics:
   mode, in Redis when shared state is configured, where a session outlives its pod.
 * Per-tenant bounds: open sessions (``REWARDD_SESSION_MAX_OPEN``), rollouts being checked
   over every pod (``REWARDD_SESSION_MAX_INFLIGHT``; a dead pod's count is dropped) and idle
-  time (``REWARDD_SESSION_IDLE_TIMEOUT_S``).
+  time (``REWARDD_SESSION_IDLE_TIMEOUT_S``); what the store keeps: groups per session
+  (``REWARDD_SESSION_MAX_GROUPS``, 422), groups and bytes per tenant
+  (``REWARDD_SESSION_TENANT_MAX_GROUPS`` / ``_MAX_BYTES``, 429) and ended sessions retained
+  (``REWARDD_SESSION_TENANT_MAX_RETAINED``; the oldest ended are deleted first, also to make
+  room for an add): :mod:`rewardd.service.sessions.quota`.
 * A check the executor could not run fails its cells ``unavailable``: the group completes.
 * *Standing* sessions (:meth:`SessionManager.standing`) are the server's own, for the
   per-sample trainer protocols (:mod:`rewardd.service.compat.groups`): never closed, each

@@ -4,9 +4,18 @@ each group's record written before its checks start.
 An add is checked whole before anything is stored: /v1/score's validation of the groups as
 the batch will hold them, then per group its new rollouts (a resend with the same content is
 a duplicate, with other content a 409; a group may not pass ``group_size``), then the
-tenant's rollouts in flight are reserved over every pod (:meth:`SessionStore.reserve`). Only
-then is each group's part appended under the group's lock and its checks started
+tenant's rollouts in flight are reserved over every pod (:meth:`SessionStore.reserve`) and
+the groups and bytes to be stored counted against the tenant's bounds
+(:meth:`SessionStore.take`, :mod:`rewardd.service.sessions.quota`). Only then is each
+group's part appended under the group's lock and its checks started
 (:mod:`rewardd.service.sessions.checking`).
+
+The conflict checks run twice: on what was read before (so a bad add stores nothing), and
+again under each group's lock as its part is appended, where they are atomic: of two
+concurrent resends of one rollout id with different content, exactly one is taken and the
+other is a 409 (issue #28: both got 200 when the second saw the first only under the lock
+and counted it a duplicate). A multi-group add that loses such a race keeps the groups
+appended before the conflicting one.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from rewardd.service.models import (Group, Rollout, ScoreRequest, SessionGroup, 
 from rewardd.service.sessions.checking import Checker, CheckJob, GroupRef
 from rewardd.service.sessions.errors import SessionBusy, SessionConflict
 from rewardd.service.sessions.pod import Pod
+from rewardd.service.sessions.quota import Refusal, refusal_error
 from rewardd.service.sessions.records import (GroupPhase, GroupRecord, RolloutEntry,
                                               SessionPhase, SessionRecord)
 from rewardd.service.settings import Settings
@@ -43,8 +53,10 @@ TOUCH_EVERY_S = 1.0
 GroupsIn = Sequence[Mapping[str, object]] | SessionRollouts
 """Rollouts to add: the parsed body, or its ``groups`` as plain data (in-process callers)."""
 
-Plan = list[tuple[SessionGroup, list[tuple[Rollout, str]]]]
-"""Per group of an add, its new rollouts with their digests."""
+NewRollout = tuple[Rollout, str, int]
+"""A rollout to store, its digest and its size (bytes of its canonical JSON)."""
+Plan = list[tuple[SessionGroup, list[NewRollout]]]
+"""Per group of an add, its new rollouts with their digests and sizes."""
 
 
 def parse(model: type[M], data: object) -> M:
@@ -78,9 +90,29 @@ def check_spec(spec: SessionSpec, settings: Settings) -> None:
             raise RequestInvalid(own) from None
 
 
-def digest(rollout: Rollout) -> str:
+def digest_and_size(rollout: Rollout) -> tuple[str, int]:
+    """sha256 of the rollout's canonical JSON, and its length: what the store counts."""
     data = orjson.dumps(rollout.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def group_bytes(group: SessionGroup) -> int:
+    """What a new group's record counts beside its rollouts: its prompt and reference."""
+    return len((group.prompt or "").encode()) + len(orjson.dumps(group.reference or {}))
+
+
+def conflict_of(group_id: str, rollout_id: str) -> SessionConflict:
+    return SessionConflict(f"rollout {rollout_id!r} of group {group_id!r} was already "
+                           "received with different content")
+
+
+def check_group_fields(sent: SessionGroup, group: GroupRecord) -> None:
+    """409 when a resent group's prompt or reference differs from the stored one."""
+    for field, stored in (("prompt", group.prompt), ("reference", group.reference)):
+        value = getattr(sent, field)
+        if value is not None and value != stored:
+            raise SessionConflict(f"group {sent.group_id!r}: {field} differs from the one "
+                                  "it was first sent with")
 
 
 def new_record(sid: str, tenant: str, spec: SessionSpec, standing: bool = False
@@ -157,7 +189,10 @@ class Intake:
                               retry_after_s=pod.settings.retry_after_s)
         new_groups = sum(1 for g, _ in plan if g.group_id not in known)
         accepted: set[tuple[str, str]] = set()
+        counted, stored = (0, 0), [0, 0]  # (groups, bytes) counted by the store, and stored
         try:
+            if fresh and not record.standing:  # the server's own are not the tenant's
+                counted = await self._count(tenant, sid, plan, known)
             # first-sight order from a counter, and the idle clock moved at most once a
             # second: no session-wide lock per request (hundreds of per-sample requests
             # queued on it)
@@ -170,14 +205,38 @@ class Intake:
                 if group.group_id not in known:
                     index += 1
                 ref = GroupRef(sid, tenant, spec, group.group_id)
-                taken, full = await self._append(ref, group, new, index - 1)
+                taken, full, created = await self._append(ref, group, new, index - 1)
                 accepted.update((group.group_id, r.id) for r in taken)
+                sizes = {rollout.rollout_id: size for rollout, _, size in new}
+                stored[0] += created
+                stored[1] += sum(sizes[r.id] for r in taken) + (
+                    group_bytes(group) if created else 0)
                 if taken:
                     self.checker.start(CheckJob(ref, taken, urgent=full))
         finally:
             if fresh > len(accepted):  # reserved for rollouts that were not taken
                 await store.release(tenant, pod.owner, fresh - len(accepted))
+            if counted[0] > stored[0] or counted[1] > stored[1]:  # counted, not stored
+                await store.give(tenant, sid, max(0, counted[0] - stored[0]),
+                                 max(0, counted[1] - stored[1]))
         return accepted
+
+    async def _count(self, tenant: str, sid: str, plan: Plan,
+                     known: dict[str, GroupRecord]) -> tuple[int, int]:
+        """Count the add's new groups and bytes against the tenant's bounds of what the
+        store keeps (:mod:`~rewardd.service.sessions.quota`); raise the typed refusal."""
+        fresh = [(g, new) for g, new in plan if new]
+        groups = sum(1 for g, _ in fresh if g.group_id not in known)
+        nbytes = sum(size for _, new in fresh for _, _, size in new) + sum(
+            group_bytes(g) for g, _ in fresh if g.group_id not in known)
+        store = self.pod.store
+        refusal, held = await store.take(tenant, sid, groups, nbytes)
+        if refusal != Refusal.NONE:
+            asked = groups if refusal != Refusal.TENANT_BYTES else nbytes
+            raise refusal_error(refusal, held, asked, tenant=tenant, sid=sid,
+                                limits=store.limits,
+                                retry_after_s=self.pod.settings.retry_after_s)
+        return groups, nbytes
 
     def _check_rollouts(self, spec: SessionSpec, body: SessionRollouts,
                         known: dict[str, GroupRecord]) -> None:
@@ -211,21 +270,15 @@ class Intake:
             group = known.get(g.group_id)
             seen = {r.id: r.digest for r in group.rollouts} if group else {}
             if group is not None:
-                for field, stored in (("prompt", group.prompt), ("reference", group.reference)):
-                    sent = getattr(g, field)
-                    if sent is not None and sent != stored:
-                        raise SessionConflict(f"group {g.group_id!r}: {field} differs from "
-                                              "the one it was first sent with")
+                check_group_fields(g, group)
             new = []
             for rollout in g.rollouts:
-                sent_digest = digest(rollout)
+                sent_digest, size = digest_and_size(rollout)
                 if rollout.rollout_id in seen:
                     if seen[rollout.rollout_id] != sent_digest:
-                        raise SessionConflict(
-                            f"rollout {rollout.rollout_id!r} of group {g.group_id!r} was "
-                            "already received with different content")
+                        raise conflict_of(g.group_id, rollout.rollout_id)
                     continue
-                new.append((rollout, sent_digest))
+                new.append((rollout, sent_digest, size))
             if new and group is not None and group.state != GroupPhase.OPEN:
                 raise SessionConflict(f"group {g.group_id!r} is complete ({group.reason}): "
                                       "it takes no more rollouts")
@@ -237,15 +290,24 @@ class Intake:
             plan.append((g, new))
         return plan
 
-    async def _append(self, ref: GroupRef, sent: SessionGroup, new: list[tuple[Rollout, str]],
-                      index: int) -> tuple[list[RolloutEntry], bool]:
-        """Store the new rollouts; (those taken, whether the group now has all of them)."""
+    async def _append(self, ref: GroupRef, sent: SessionGroup, new: list[NewRollout],
+                      index: int) -> tuple[list[RolloutEntry], bool, bool]:
+        """Store the new rollouts; (those taken, whether the group now has all of them,
+        whether this made the group). 409 (nothing stored) when, under the group's lock, a
+        rollout id is already there with other content."""
         store, owner, size = self.pod.store, self.pod.owner, ref.spec.group_size
         timeout = ref.spec.group_timeout_s
 
         async def put(group: GroupRecord | None
-                      ) -> tuple[GroupRecord | None, tuple[list[RolloutEntry], bool],
+                      ) -> tuple[GroupRecord | None, tuple[list[RolloutEntry], bool, bool],
                                  list[bytes]]:
+            created = group is None
+            if group is not None:  # the conflict checks again, atomic under the lock
+                check_group_fields(sent, group)
+                stored = {r.id: r.digest for r in group.rollouts}
+                for rollout, rollout_digest, _ in new:
+                    if stored.get(rollout.rollout_id, rollout_digest) != rollout_digest:
+                        raise conflict_of(sent.group_id, rollout.rollout_id)
             if group is None:
                 group = GroupRecord(group_id=sent.group_id, index=index, first=time.time(),
                                     prompt=sent.prompt or "", reference=sent.reference or {},
@@ -254,16 +316,17 @@ class Intake:
                     await store.set_deadline(ref.session_id, sent.group_id,
                                              group.first + timeout)
             if group.state != GroupPhase.OPEN:  # completed meanwhile (a race with a close)
-                return None, ([], False), []
+                return None, ([], False, False), []
             seen = {r.id for r in group.rollouts}
             taken = []
-            for rollout, rollout_digest in new:
+            for rollout, rollout_digest, _ in new:
                 if rollout.rollout_id in seen or len(group.rollouts) >= size:
                     continue
                 entry = RolloutEntry(id=rollout.rollout_id, digest=rollout_digest, owner=owner,
                                      body=rollout.model_dump(mode="json", exclude_unset=True))
                 group.rollouts.append(entry)
+                seen.add(entry.id)
                 taken.append(entry)
-            return group, (taken, len(group.rollouts) >= size), []
+            return group, (taken, len(group.rollouts) >= size, created), []
 
         return await store.update_group(ref.session_id, ref.group_id, put)

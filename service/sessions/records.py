@@ -140,6 +140,17 @@ class GroupRecord:
     def done(self) -> bool:
         return self.state == GroupPhase.DONE
 
+    def pending_owners(self) -> set[str]:
+        """The pods with unsettled work on this group (unchecked rollouts, the group-level
+        checks): what the sweeper needs to find a dead pod's work, kept by the stores in a
+        small index so that it never reads whole groups (issue #28)."""
+        if self.done:
+            return set()
+        owners = {r.owner for r in self.rollouts if not r.checked}
+        if self.whole_owner and not self.whole_done:
+            owners.add(self.whole_owner)
+        return owners
+
     def entry(self, rollout_id: str) -> RolloutEntry | None:
         return next((r for r in self.rollouts if r.id == rollout_id), None)
 

@@ -11,8 +11,14 @@ and each group's lock, ``SET NX PX`` with a token);
 expired is run again by another pod), ``rewardd:sessions:inflight`` (hash of
 ``<tenant>\\x1f<owner>`` -> rollouts in flight: the tenant's limit holds across pods, and a
 dead pod's counts are dropped) and ``:slots`` (a standing session's group generation per
-prompt key). Active sessions' keys live :data:`ACTIVE_TTL_S`; a
-finished session's get ``session_ttl_s``.
+prompt key), ``:pending`` (hash: group id -> the pods with unsettled work on it, joined
+by ``\x1f``; groups with none are absent) and ``:done`` (sorted set: group id by when it
+completed): the sweeper's indices, written with the group, so that a sweep reads them and
+never a group (an idle session costs the same whatever it holds); ``:indexed`` marks a
+session whose indices are kept (one an older pod stored gets them built once, from its
+groups, when first swept). Active sessions' keys live
+:data:`ACTIVE_TTL_S`; a finished session's get ``session_ttl_s``. The per-tenant counts of
+what is stored are :mod:`rewardd.service.sessions.redis_quota`'s.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import contextlib
 import hashlib
 import time
 import uuid
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import orjson
 
 from rewardd.service.events import Event, decode_event
 from rewardd.service.sessions.records import GroupRecord, SessionRecord
+from rewardd.service.sessions.quota import Refusal, StoreLimits
+from rewardd.service.sessions.redis_quota import SESSION_PARTS, RedisLedger
 from rewardd.service.sessions.store import ACTIVE_TTL_S, SessionStore
 
 if TYPE_CHECKING:
@@ -72,9 +80,11 @@ class RedisStore(SessionStore):
 
     durable = True
 
-    def __init__(self, client: redis.asyncio.Redis, ttl_s: int) -> None:
-        super().__init__(ttl_s)
+    def __init__(self, client: redis.asyncio.Redis, ttl_s: int,
+                 limits: StoreLimits | None = None, url: str | None = None) -> None:
+        super().__init__(ttl_s, limits)
         self.client = client
+        self.ledger = RedisLedger(client, PREFIX, self.limits, url)
         self._unlock = client.register_script(_UNLOCK)
         self._reserve = client.register_script(_RESERVE)
         self._local: dict[str, asyncio.Lock] = {}  # one waiter per pod on a Redis lock
@@ -83,6 +93,7 @@ class RedisStore(SessionStore):
         sid = record.id
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(key(sid), orjson.dumps(record.to_json()), ex=ACTIVE_TTL_S)
+            pipe.set(key(sid, "indexed"), b"1", ex=ACTIVE_TTL_S)
             pipe.sadd(ACTIVE_SET, sid)
             if not record.standing:  # server-made: not one of the tenant's
                 pipe.sadd(TENANT_PREFIX + record.tenant, sid)
@@ -126,10 +137,53 @@ class RedisStore(SessionStore):
                 pipe.hset(key(sid, "groups"), mapping={
                     gid: orjson.dumps(group.to_json()) for gid, group in groups.items()})
                 pipe.expire(key(sid, "groups"), ttl)
+                self._index(pipe, sid, groups, ttl)
             if events:
                 pipe.rpush(key(sid, "events"), *events)
                 pipe.expire(key(sid, "events"), ttl)
             await pipe.execute()
+
+    @staticmethod
+    def _index(pipe: redis.asyncio.client.Pipeline, sid: str,
+               groups: dict[str, GroupRecord], ttl: int) -> None:
+        """The sweeper's indices of the groups written (see the module docstring)."""
+        pending = {gid: SEP.join(sorted(g.pending_owners())) for gid, g in groups.items()}
+        busy = {gid: owners for gid, owners in pending.items() if owners}
+        if busy:
+            pipe.hset(key(sid, "pending"), mapping=busy)
+            pipe.expire(key(sid, "pending"), ttl)
+        if len(busy) < len(pending):
+            pipe.hdel(key(sid, "pending"), *(gid for gid in pending if gid not in busy))
+        done = {gid: g.done_at or time.time() for gid, g in groups.items() if g.done}
+        if done:
+            pipe.zadd(key(sid, "done"), done)
+            pipe.expire(key(sid, "done"), ttl)
+
+    async def _indexed(self, sid: str, part: str, read: str, *args: object) -> Any:
+        """``read`` (a Redis command) of the index ``part``, with the session's marker in
+        the same round trip; a session without one (an older pod's) is indexed first."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.exists(key(sid, "indexed"))
+            getattr(pipe, read)(key(sid, part), *args)
+            marked, raw = await pipe.execute()
+        if marked or not await self.client.exists(key(sid)):
+            return raw
+        groups = await self.groups(sid)  # once per such session
+        async with self.client.pipeline(transaction=True) as pipe:
+            self._index(pipe, sid, groups, ACTIVE_TTL_S)
+            pipe.set(key(sid, "indexed"), b"1", ex=ACTIVE_TTL_S)
+            getattr(pipe, read)(key(sid, part), *args)
+            *_, raw = await pipe.execute()
+        return raw
+
+    async def pending(self, sid: str) -> dict[str, set[str]]:
+        raw = await self._indexed(sid, "pending", "hgetall")
+        return {gid.decode(): set(owners.decode().split(SEP))
+                for gid, owners in raw.items()}
+
+    async def done_before(self, sid: str, before: float) -> list[str]:
+        raw = await self._indexed(sid, "done", "zrangebyscore", "-inf", f"({before}")
+        return [m.decode() for m in raw]
 
     async def groups(self, sid: str, ids: list[str] | None = None) -> dict[str, GroupRecord]:
         if ids is None:
@@ -186,10 +240,22 @@ class RedisStore(SessionStore):
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.srem(ACTIVE_SET, sid)
             pipe.srem(TENANT_PREFIX + tenant, sid)
-            for part in ("", "groups", "events", "slots"):
+            for part in ("", "groups", "events", "slots", "pending", "done", "indexed"):
                 pipe.expire(key(sid, part), self.ttl_s)
             pipe.delete(key(sid, "deadlines"))
-            await pipe.execute()
+            _, clients, *_ = await pipe.execute()
+        if clients:  # one of the tenant's own sessions (a standing one is not in its set)
+            await self.ledger.ended(tenant, sid, time.time())
+
+    async def take(self, tenant: str, sid: str, groups: int, nbytes: int
+                   ) -> tuple[Refusal, int]:
+        return await self.ledger.take(tenant, sid, groups, nbytes)
+
+    async def give(self, tenant: str, sid: str, groups: int, nbytes: int) -> None:
+        await self.ledger.give(tenant, sid, groups, nbytes)
+
+    def held(self) -> dict[tuple[str, str], int]:
+        return self.ledger.usage()
 
     async def beat(self, owner: str) -> None:
         await self.client.set(POD_PREFIX + owner, b"1", px=int(HEARTBEAT_S * 1000))
@@ -238,8 +304,14 @@ class RedisStore(SessionStore):
 
     async def drop_groups(self, sid: str, gids: list[str]) -> None:
         if gids:
-            await self.client.hdel(key(sid, "groups"), *gids)
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hdel(key(sid, "groups"), *gids)
+                pipe.hdel(key(sid, "pending"), *gids)
+                pipe.zrem(key(sid, "done"), *gids)
+                await pipe.execute()
 
     async def purge(self, sid: str) -> None:
-        await self.client.delete(*(key(sid, part) for part in
-                                   ("", "groups", "events", "deadlines", "slots")))
+        await self.client.delete(*(key(sid, part) for part in SESSION_PARTS))
+
+    async def close(self) -> None:
+        self.ledger.close()

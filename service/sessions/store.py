@@ -18,6 +18,16 @@ and its result is computed with the advantage library) are Python logic over a w
 written once as read-modify-write of a record, the memory and Redis stores share all of it
 (:mod:`rewardd.service.sessions.checking` and its neighbours), and a group's record is small
 (its rollouts).
+
+What the sweeper reads every second must not grow with what a session holds (issue #28: an
+idle 200 MB session cost 45% of an API's CPU in Redis when the sweep read every group): each
+store keeps, beside the groups, the owners of each group's unsettled work
+(:meth:`SessionStore.pending`) and when each group completed
+(:meth:`SessionStore.done_before`), written with the group, so the sweep reads those small
+indices and never a group. What the store keeps per tenant is bounded
+(:mod:`rewardd.service.sessions.quota`): :meth:`SessionStore.take` counts an add's groups and
+bytes before it is stored, :meth:`SessionStore.finish` retains a bounded number of ended
+sessions.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import time
 from typing import Awaitable, Callable, TypeVar
 
 from rewardd.service.events import Event, decode_event
+from rewardd.service.sessions.quota import Ledger, Refusal, StoreLimits
 from rewardd.service.sessions.records import GroupRecord, SessionPhase, SessionRecord
 
 T = TypeVar("T")
@@ -50,8 +61,9 @@ class SessionStore(abc.ABC):
 
     durable = False
 
-    def __init__(self, ttl_s: int) -> None:
+    def __init__(self, ttl_s: int, limits: StoreLimits | None = None) -> None:
         self.ttl_s = max(1, int(ttl_s))
+        self.limits = limits or StoreLimits()
 
     @abc.abstractmethod
     async def create(self, record: SessionRecord) -> None: ...
@@ -101,7 +113,36 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def finish(self, sid: str, tenant: str) -> None:
-        """The session ended: off the active lists, every key gets ``ttl_s``."""
+        """The session ended: off the active lists, every key gets ``ttl_s``; one of the
+        tenant's retained ended sessions (a client's session: the oldest past
+        ``limits.retained_per_tenant`` are deleted at once)."""
+
+    @abc.abstractmethod
+    async def take(self, tenant: str, sid: str, groups: int, nbytes: int
+                   ) -> tuple[Refusal, int]:
+        """Count ``groups`` new groups and ``nbytes`` bytes more stored in the tenant's open
+        session ``sid``, unless that passes a bound of :attr:`limits` (the tenant's oldest
+        ended sessions are deleted first to make room): (the refusal, or
+        ``Refusal.NONE`` with everything counted; the amount held against the bound).
+        Atomic over every pod."""
+
+    @abc.abstractmethod
+    async def give(self, tenant: str, sid: str, groups: int, nbytes: int) -> None:
+        """Uncount what :meth:`take` counted and was not stored after all."""
+
+    @abc.abstractmethod
+    def held(self) -> dict[tuple[str, str], int]:
+        """(tenant, bound name) -> stored groups, bytes and retained ended sessions, for
+        ``rewardd_tenant_stored`` (synchronous, thread-safe, one round trip at most)."""
+
+    @abc.abstractmethod
+    async def pending(self, sid: str) -> dict[str, set[str]]:
+        """Group id -> the pods with unsettled work on it (groups with none are absent):
+        read from a small index, never from the groups."""
+
+    @abc.abstractmethod
+    async def done_before(self, sid: str, before: float) -> list[str]:
+        """Groups that completed before ``before`` (unix s), from a small index."""
 
     @abc.abstractmethod
     async def beat(self, owner: str) -> None:
@@ -173,8 +214,9 @@ class SessionStore(abc.ABC):
 class MemoryStore(SessionStore):
     """Sessions in this process (embedded mode): lost when it stops."""
 
-    def __init__(self, ttl_s: int) -> None:
-        super().__init__(ttl_s)
+    def __init__(self, ttl_s: int, limits: StoreLimits | None = None) -> None:
+        super().__init__(ttl_s, limits)
+        self._ledger = Ledger(self.limits)
         self._records: dict[str, SessionRecord] = {}
         self._groups: dict[str, dict[str, GroupRecord]] = {}
         self._events: dict[str, list[bytes]] = {}
@@ -190,6 +232,9 @@ class MemoryStore(SessionStore):
             self._forget(sid)
 
     def _forget(self, sid: str) -> None:
+        record = self._records.get(sid)
+        if record is not None:
+            self._ledger.forget(record.tenant, sid)
         for table in (self._records, self._groups, self._events, self._deadlines,
                       self._expires, self._locks, self._slots):
             table.pop(sid, None)
@@ -255,6 +300,32 @@ class MemoryStore(SessionStore):
     async def finish(self, sid: str, tenant: str) -> None:
         self._expires[sid] = time.monotonic() + self.ttl_s
         self._deadlines.pop(sid, None)
+        record = self._records.get(sid)
+        if record is not None and not record.standing:
+            for gone in self._ledger.ended(tenant, sid):
+                self._forget(gone)
+
+    async def take(self, tenant: str, sid: str, groups: int, nbytes: int
+                   ) -> tuple[Refusal, int]:
+        refusal, held, evicted = self._ledger.take(tenant, sid, groups, nbytes)
+        for gone in evicted:
+            self._forget(gone)
+        return refusal, held
+
+    async def give(self, tenant: str, sid: str, groups: int, nbytes: int) -> None:
+        self._ledger.give(tenant, sid, groups, nbytes)
+
+    def held(self) -> dict[tuple[str, str], int]:
+        return self._ledger.usage()
+
+    async def pending(self, sid: str) -> dict[str, set[str]]:
+        # the groups are in this process: no decoding to avoid, a pass over them is cheap
+        found = {gid: g.pending_owners() for gid, g in self._groups.get(sid, {}).items()}
+        return {gid: owners for gid, owners in found.items() if owners}
+
+    async def done_before(self, sid: str, before: float) -> list[str]:
+        return [gid for gid, g in self._groups.get(sid, {}).items()
+                if g.done and g.done_at is not None and g.done_at < before]
 
     async def beat(self, owner: str) -> None:
         pass

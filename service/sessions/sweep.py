@@ -7,6 +7,12 @@ the next pod that sweeps, and checked again (checks are idempotent). Deadlines o
 timeouts are in the store, so any pod fires them; a session left ``closing`` by a dead pod
 is finished by the next sweep; a dead pod's count of the tenant's rollouts in flight is
 dropped (:meth:`SessionStore.reap`).
+
+A sweep reads each active session's record, its due deadlines and the store's small indices
+of unsettled work's owners and of completed groups (:meth:`SessionStore.pending`,
+:meth:`SessionStore.done_before`), never its groups: what an idle session costs every second
+does not grow with what it holds (issue #28). ``sweeps`` counts the sweeps this pod made, so a
+test can compare costs per sweep rather than per second.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import logging
 import time
 
+from rewardd.service import metrics
 from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.service.models import SessionSpec
 from rewardd.service.sessions.checking import Checker, CheckJob, GroupRef
@@ -43,6 +50,8 @@ class Sweeper:
         self.checker = checker
         self.lifecycle = lifecycle
         self._task: asyncio.Task[None] | None = None
+        self.sweeps = 0
+        """Sweeps this pod made (``rewardd_session_sweeps_total``)."""
 
     async def start(self) -> None:
         if self._task is None:
@@ -96,33 +105,26 @@ class Sweeper:
                 await store.set_deadline(sid, gid, None)
                 await self.checker.close_group(GroupRef(sid, record.tenant, spec, gid),
                                                GroupReason.TIMEOUT)
-            prune = record.standing and now - pod.pruned.get(sid, 0.0) >= PRUNE_EVERY_S
-            if prune or orphans:
-                groups = await store.groups(sid)  # one read for both passes
-                if prune:
-                    pod.pruned[sid] = now
-                    await self._prune(sid, groups, now)
-                if orphans:
-                    await self._resume(record, spec, groups)
-                    if record.state == SessionPhase.CLOSING:
-                        await self.lifecycle.finish_closing(sid)
+            if record.standing and now - pod.pruned.get(sid, 0.0) >= PRUNE_EVERY_S:
+                # a standing session forgets its groups STANDING_KEEP_S after they completed
+                # (their waiters have read them by then)
+                pod.pruned[sid] = now
+                await store.drop_groups(sid, await store.done_before(sid, now - STANDING_KEEP_S))
+            if orphans:
+                await self._resume(record, spec, await store.pending(sid))
+                if record.state == SessionPhase.CLOSING:
+                    await self.lifecycle.finish_closing(sid)
         if orphans:
             await store.reap()
-
-    async def _prune(self, sid: str, groups: dict[str, GroupRecord], now: float) -> None:
-        """A standing session forgets its groups :data:`STANDING_KEEP_S` after they
-        completed (their waiters have read them by then)."""
-        old = [gid for gid, g in groups.items() if g.done
-               and (g.done_at if g.done_at is not None else now) < now - STANDING_KEEP_S]
-        await self.pod.store.drop_groups(sid, old)
+        self.sweeps += 1
+        metrics.SESSION_SWEEPS.inc()
 
     async def _resume(self, record: SessionRecord, spec: SessionSpec,
-                      every: dict[str, GroupRecord]) -> None:
-        """Claim and re-run the checks of the session's groups (``every``) whose pod died."""
+                      pending: dict[str, set[str]]) -> None:
+        """Claim and re-run the checks of the session's groups whose pod died (``pending``:
+        group id -> the pods with unsettled work on it)."""
         pod, sid = self.pod, record.id
-        groups = [g for g in every.values() if not g.done]
-        owners = {r.owner for g in groups for r in g.rollouts if not r.checked}
-        owners |= {g.whole_owner for g in groups if g.whole_owner and not g.whole_done}
+        owners = set().union(*pending.values()) if pending else set()
         dead = owners - await pod.store.alive(owners) - {pod.owner}
         if not dead:
             return
@@ -140,12 +142,12 @@ class Sweeper:
                 group.whole_owner = pod.owner
             return (group if taken or whole else None), (taken, whole), []
 
-        for group in groups:
-            taken, whole = await pod.store.update_group(sid, group.group_id, claim)
-            ref = GroupRef(sid, record.tenant, spec, group.group_id)
+        for gid in sorted(gid for gid, held in pending.items() if held & dead):
+            taken, whole = await pod.store.update_group(sid, gid, claim)
+            ref = GroupRef(sid, record.tenant, spec, gid)
             if taken:
                 log.warning("session %s: resuming %d checks of group %r whose API pod died",
-                            sid, len(taken), group.group_id)
+                            sid, len(taken), gid)
                 self.checker.start(CheckJob(ref, taken, counted=False))
             if whole:
                 pod.spawn(sid, self.checker.check_whole(ref))

@@ -128,7 +128,7 @@ def test_queue_series_are_present_for_every_routed_queue(traffic: Any) -> None:
     workers = {s.labels["queue"]: s.value for s in api["rewardd_workers"]}
     assert workers["cpu"] == workers["sandbox"] == 1 and workers["gpu"] == 0
     assert {s.labels["source"]: s.value for s in api["rewardd_metrics_source_up"]} == \
-        {"broker": 1, "census": 1, "jobs": 1, "queue_depth": 1}
+        {"broker": 1, "census": 1, "jobs": 1, "queue_depth": 1, "session_store": 1}
     assert max(b.labels["le"] == "3600.0" for b in api["rewardd_task_duration_seconds_bucket"])
 
 
