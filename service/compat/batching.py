@@ -4,7 +4,7 @@ is being scored make the next batch.
 OpenRLHF posts each sample of a step on its own as its generation finishes (hundreds in
 flight); one /v1/rewards call per sample would cost a tenant slot, a validation and a
 pipeline round per sample, and past the tenant's limit a refusal per sample (see
-:func:`rewardd.service.compat.scoring.score_samples`). Here a tenant has at most
+:func:`rewardd.service.compat.scoring.score_each`). Here a tenant has at most
 :data:`MAX_BATCHES` batches in flight; each takes every request waiting when it starts (up to
 ``REWARDD_MAX_ROLLOUTS_PER_REQUEST`` samples), so batches grow with the load by themselves and
 a lone sample goes at once: no timer, no added latency when idle. Two batches rather than one,
