@@ -186,7 +186,13 @@ async def read_model(request: Request, model: type[M], tenant: Tenant) -> M:
 def parse_model(body: bytes, content_type: str, model: type[M]) -> M:
     """Decode and validate a request body (CPU-bound: the routes run it off the event loop)."""
     with gc_paused():
-        data = decode(body, content_type)
+        return validate_model(model, decode(body, content_type))
+
+
+def validate_model(model: type[M], data: Any) -> M:
+    """Validate decoded data as ``model`` (CPU-bound: off the event loop; in the heavy lane
+    a ``groups`` list is validated a chunk at a time); errors carry the path under 'body'."""
+    with gc_paused():
         try:
             if heavy.in_lane():
                 return _validate_in_chunks(model, data)

@@ -115,6 +115,24 @@ class Settings(WorkerSettings):
         "their results and events; past it the oldest is deleted at once, before its "
         "REWARDD_SESSION_TTL_S: bounds what open/close churn keeps.")
 
+    # ---- per-sample trainer protocols (issue 28: /get_reward, slime, /verify) ----
+    compat_max_samples_per_request: int = Field(
+        8192, ge=1, description="Most samples one per-sample protocol request (/get_reward's "
+        "query) may carry (and at most REWARDD_MAX_ROLLOUTS_PER_REQUEST); more: 422 naming "
+        "body.query. Trainers send one sample, or a micro-batch, per request: this bounds the "
+        "API memory and CPU one request takes (a 60,000-sample /get_reward held ~360 MB and "
+        "seconds of the API's CPU).")
+    compat_max_parked_requests: int = Field(
+        16_384, ge=1, description="Per-sample protocol requests (/get_reward, slime, /verify) one "
+        "tenant may have waiting for their answer in one API process (for a batch, or for their "
+        "group in group mode); beyond it: 429 naming this setting. Each waiting request holds a "
+        "connection, its body and its samples in the API process: this bounds that memory.")
+    compat_max_parked_samples: int = Field(
+        65_536, ge=1, description="Samples of those waiting requests one tenant may have in one "
+        "API process; a request that alone has more is refused with 422, one that would pass it "
+        "with what is already waiting with 429. Bounds the samples (and, in group mode, the open "
+        "groups they start) one tenant keeps parked in the API process.")
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""

@@ -9,7 +9,7 @@ the trainers post to the URL they are given, and these paths are theirs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Match
 from starlette.types import Scope
 
+from rewardd.service import heavy
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
 from rewardd.service.codec import read_model, render
@@ -65,14 +66,23 @@ class ConfiguredPathRoute(APIRoute):
 async def get_reward(request: Request, services: ServicesDep,
                      tenant: Tenant = Depends(current_tenant)) -> Response:
     """OpenRLHF's remote reward call: one reward per query (see REWARDD_COMPAT_CONFIG)."""
-    box: list[OpenRLHFRequest] = []
-
     async def read(config: CompatConfig) -> list[SampleIn]:
-        box.append(await read_model(request, OpenRLHFRequest, tenant))
-        return openrlhf_samples(box[0], config)
+        req = await read_model(request, OpenRLHFRequest, tenant)
+        heavy.mark(heavy.heavy_rollouts(len(req.query)))
+        return await heavy.offload(openrlhf_samples, req, config)  # O(samples)
 
-    samples, outs = await services.compat.score(tenant, "openrlhf", read)
-    return render(request, openrlhf_answer(samples, outs, services.compat.config))
+    with heavy.scope():
+        samples, outs = await services.compat.score(tenant, "openrlhf", read,
+                                                    ("body", "query"))
+        return await answer(request, openrlhf_answer, samples, outs, services.compat.config)
+
+
+async def answer(request: Request, build: Callable[..., Any], *args: Any) -> Response:
+    """The trainer's answer, built and encoded off the event loop for a heavy request (60,000
+    samples: seconds of CPU), on it for a usual one (no thread hop for one sample)."""
+    if heavy.is_heavy():
+        return await heavy.offload(lambda: render(request, build(*args)))
+    return render(request, build(*args))
 
 
 slime = APIRouter(route_class=ConfiguredPathRoute)
@@ -88,8 +98,9 @@ async def slime_reward(request: Request, services: ServicesDep,
     async def read(config: CompatConfig) -> list[SampleIn]:
         return slime_samples(await read_model(request, SlimeRequest, tenant), config)
 
-    _, [out] = await services.compat.score(tenant, "slime", read)
-    return render(request, slime_answer(out, services.compat.config))
+    with heavy.scope():
+        _, [out] = await services.compat.score(tenant, "slime", read)
+        return render(request, slime_answer(out, services.compat.config))
 
 
 @router.post("/verify", response_model=None, openapi_extra=body(NemoGymRequest),
@@ -105,8 +116,9 @@ async def nemo_gym_verify(request: Request, services: ServicesDep,
         box.append(await read_model(request, NemoGymRequest, tenant))
         return nemo_gym_samples(box[0], config)
 
-    _, [out] = await services.compat.score(tenant, "nemo_gym", read)
-    return render(request, nemo_gym_answer(box[0], out, services.compat.config))
+    with heavy.scope():
+        _, [out] = await services.compat.score(tenant, "nemo_gym", read)
+        return render(request, nemo_gym_answer(box[0], out, services.compat.config))
 
 
 router.include_router(slime)

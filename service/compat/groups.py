@@ -20,10 +20,19 @@ dies mid-group loses nothing but its own waiting connections (another pod resume
 checks; the trainer's retry of a lost request is a new sample of the group).
 
 Which group a sample joins: the session keeps, per key, the generation of the key's open
-group (``<key>.<generation>``); under the key's lock a request puts its samples into that
-group, moving to the next generation once it is full or no longer open. A group that times
-out between that read and the write is noticed (the session does not take the sample) and
-the sample goes to the next generation.
+group (``<key>.<generation>``); a placement step puts the samples of the requests waiting
+on this pod into those groups, moving a key to the next generation once its group is full or
+no longer open. One step is one bulk operation under the session's placement lock, whatever
+the number of keys: one read of the keys' generations, one of their groups, one session add
+(issue 28: a request of 30,000 distinct prompts placed key by key, each with its own lock,
+reads and add, held /healthz up to 32 s). A group that times out between that read and the
+write is noticed (the session does not take the sample) and the sample goes to the next
+generation in the next try.
+
+What a tenant parks here is bounded before placement (:mod:`.scorer`: requests and samples
+per tenant and process, samples per request, at most ``REWARDD_SESSION_MAX_INFLIGHT`` per
+request since one add must take them whole); a request whose client left before its step
+started is dropped from the queue.
 
 Not idempotent: samples carry no id, so a resent sample is another sample. Two identical
 completions of a prompt are legitimately two samples (short math answers often are), so
@@ -36,9 +45,11 @@ import asyncio
 import hashlib
 import json
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+from rewardd.service import heavy
 from rewardd.service.compat.config import CompatConfig
 from rewardd.service.compat.samples import SampleIn
 from rewardd.advantages.errors import RequestInvalid
@@ -46,7 +57,7 @@ from rewardd.service.compat.scoring import SampleOut, outcome, remap
 from rewardd.service.errors import TimedOut, Unavailable
 from rewardd.service.models import AdvantageSpec, SessionSpec
 from rewardd.service.sessions import SessionBusy, SessionConflict, SessionManager
-from rewardd.service.sessions.records import GroupPhase, JsonObject
+from rewardd.service.sessions.records import GroupPhase, GroupRecord, JsonObject
 from rewardd.service.sessions.waiters import settle
 from rewardd.service.tenancy import Tenant
 
@@ -60,7 +71,10 @@ WAIT_MARGIN_S = 30.0
 PLACE_TRIES = 8
 """Placements of a sample whose group keeps completing under it, before a 503."""
 MAX_PLACING = 2
-"""Placements one standing session may have running in this process."""
+"""Placement steps one standing session may have running in this process."""
+PLACEMENT_LOCK = "placement"
+"""The session lock a placement step holds: the keys' generations are read and moved on,
+and the samples added, by one step at a time (across pods with Redis)."""
 
 Spot = tuple[str, str]
 """Where a sample went: (group id, rollout id)."""
@@ -88,14 +102,26 @@ def group_key(sample: SampleIn) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+@dataclass(eq=False)
+class _Placing:
+    """One request's samples waiting for a placement step, and where they went."""
+
+    samples: Sequence[SampleIn]
+    spots: asyncio.Future[list[Spot | BaseException]]
+
+
 class Assembler:
     """Samples into the standing sessions of one app (see the module docstring)."""
 
     def __init__(self, sessions: SessionManager) -> None:
         self._sessions = sessions
-        self._queued: dict[str, list[tuple[SampleIn, asyncio.Future[Spot]]]] = {}
+        self._queued: dict[str, deque[_Placing]] = defaultdict(deque)
         self._placing: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def queued(self, sid: str) -> int:
+        """Samples of this process's requests waiting to be placed in session ``sid``."""
+        return sum(len(entry.samples) for entry in self._queued.get(sid, ()))
 
     async def submit(self, tenant: Tenant, protocol: str, samples: Sequence[SampleIn],
                      config: CompatConfig) -> list[SampleOut | BaseException]:
@@ -117,98 +143,159 @@ class Assembler:
         return outs
 
     async def _placed(self, tenant: Tenant, sid: str, samples: Sequence[SampleIn],
-                      config: CompatConfig) -> list[tuple[str, str] | BaseException]:
+                      config: CompatConfig) -> list[Spot | BaseException]:
         """Where each sample went, (group id, rollout id), or the error its placement met.
-        Samples of this pod's requests arriving while a placement runs make the next one
-        together (a group's samples are then one add: per-sample trainers post each sample
-        on its own, hundreds at once); at most :data:`MAX_PLACING` run per session."""
+        The requests of this pod arriving while a placement step runs make the next step
+        together, one bulk step for all their samples (per-sample trainers post each sample
+        on its own, hundreds at once); at most :data:`MAX_PLACING` steps run per session.
+        A request whose client leaves before its step started is taken out of the queue
+        (nothing of it is kept); once placed, its samples are members of their groups, which
+        other requests' samples may share, and are checked with them."""
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in samples]
-        self._queued.setdefault(sid, []).extend(zip(samples, futures))
+        entry = _Placing(samples, loop.create_future())
+        queue = self._queued[sid]
+        queue.append(entry)
         if self._placing[sid] < MAX_PLACING:
             self._placing[sid] += 1
             task = loop.create_task(self._drain(tenant, sid, config))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        # a client that leaves does not take its sample back: it is in a group by then
-        return list(await asyncio.gather(*(asyncio.shield(f) for f in futures),
-                                         return_exceptions=True))
+        try:
+            return await asyncio.shield(entry.spots)
+        except asyncio.CancelledError:
+            if entry in queue:  # not placed yet: the client took it back
+                queue.remove(entry)
+            raise
 
     async def _drain(self, tenant: Tenant, sid: str, config: CompatConfig) -> None:
         queue = self._queued[sid]
+        # one step stays within what one session add may reserve (each request was capped
+        # at that at the door, so a step always takes at least one whole request)
+        limit = self._sessions.settings.session_max_inflight
         try:
             while queue:
-                batch = queue[:]
-                del queue[:]
-                by_key: dict[str, list[tuple[SampleIn, asyncio.Future[Spot]]]] = defaultdict(list)
-                for sample, future in batch:
-                    by_key[group_key(sample)].append((sample, future))
-                results = await asyncio.gather(*(
-                    self._place(tenant, sid, key, [sample for sample, _ in items], config)
-                    for key, items in by_key.items()), return_exceptions=True)
-                for items, where in zip(by_key.values(), results):
-                    for k, (_, future) in enumerate(items):
-                        settle(future, where if isinstance(where, BaseException)
-                               else where[k])
+                batch: list[_Placing] = [queue.popleft()]
+                size = len(batch[0].samples)
+                while queue and size + len(queue[0].samples) <= limit:
+                    size += len(queue[0].samples)
+                    batch.append(queue.popleft())
+                samples = [sample for entry in batch for sample in entry.samples]
+                try:
+                    spots: list[Spot | BaseException] = await self._place_all(
+                        tenant, sid, samples, config)
+                except Exception as exc:  # the step's failure is each of its samples'
+                    spots = [exc] * len(samples)
+                start = 0
+                for entry in batch:
+                    settle(entry.spots, spots[start:start + len(entry.samples)])
+                    start += len(entry.samples)
         finally:
             self._placing[sid] -= 1
 
-    async def _place(self, tenant: Tenant, sid: str, key: str, samples: list[SampleIn],
-                     config: CompatConfig) -> list[tuple[str, str]]:
-        """Put samples of one key into the key's open group (and the next ones once it is
-        full): (group id, rollout id) of each."""
+    async def _place_all(self, tenant: Tenant, sid: str, samples: list[SampleIn],
+                         config: CompatConfig) -> list[Spot | BaseException]:
+        """Put samples into their keys' open groups (and the next ones once full), all keys
+        in one step under the session's placement lock: one read of the keys' generations,
+        one of their groups, one add (issue 28: 30,000 distinct prompts placed one key at a
+        time, each with its own lock, reads and add, held /healthz up to 32 s)."""
         assert config.group is not None
         size, store = config.group.size, self._sessions.store
+        keys = await heavy.offload(lambda: [group_key(sample) for sample in samples])
         ids = [uuid.uuid4().hex for _ in samples]
-        spots: dict[str, str] = {}
+        spots: dict[int, Spot | BaseException] = {}
         for _ in range(PLACE_TRIES):
-            todo = [i for i in range(len(samples)) if ids[i] not in spots]
+            todo = [i for i in range(len(samples)) if i not in spots]
             if not todo:
                 break
-            async with store.locked(sid, "key:" + key):
-                generation = await store.slot(sid, key)
-                chunks: list[tuple[str, list[int]]] = []
-                while todo:
-                    gid = f"{key}.{generation}"
-                    group = (await store.groups(sid, [gid])).get(gid)
-                    have = len(group.rollouts) if group is not None else 0
-                    if group is not None and (group.state != GroupPhase.OPEN or have >= size):
-                        generation += 1
-                        continue
-                    room = size - have
-                    chunks.append((gid, todo[:room]))
-                    todo = todo[room:]
-                    if todo or have + len(chunks[-1][1]) >= size:
-                        generation += 1
-                await store.set_slot(sid, key, generation)
+            async with store.locked(sid, PLACEMENT_LOCK):
+                chunks = await self._chunks(sid, keys, todo, size)
                 taken = await self._add(tenant, sid, samples, [
-                    {"group_id": gid, "prompt": samples[idx[0]].prompt,
-                     "reference": samples[idx[0]].reference,
-                     "rollouts": [{"rollout_id": ids[i], "completion": samples[i].completion}
-                                  for i in idx]} for gid, idx in chunks])
+                    (gid, {"group_id": gid, "prompt": samples[idx[0]].prompt,
+                           "reference": samples[idx[0]].reference,
+                           "rollouts": [{"rollout_id": ids[i], "completion": samples[i].completion}
+                                        for i in idx]}, idx) for gid, idx in chunks])
             for gid, idx in chunks:
                 for i in idx:
-                    if (gid, ids[i]) in taken:
-                        spots[ids[i]] = gid
-        if len(spots) < len(samples):
-            raise Unavailable("the sample's group kept completing before the sample could "
-                              "join it; retry", retry_after_s=1)
-        return [(spots[rid], rid) for rid in ids]
+                    if isinstance(taken.get(gid), BaseException):
+                        spots[i] = taken[gid]  # type: ignore[assignment]
+                    elif ids[i] in taken.get(gid, ()):  # type: ignore[operator]
+                        spots[i] = (gid, ids[i])
+        lost = Unavailable("the sample's group kept completing before the sample could join "
+                           "it; retry", retry_after_s=1)
+        return [spots.get(i, lost) for i in range(len(samples))]
+
+    async def _chunks(self, sid: str, keys: list[str], todo: list[int], size: int
+                      ) -> list[tuple[str, list[int]]]:
+        """Which group each of the ``todo`` samples joins: (group id, sample indices) per
+        group, in each key's open generation and the next ones once it is full. The keys'
+        generations move on in the store (under the placement lock)."""
+        pending: dict[str, list[int]] = defaultdict(list)
+        for i in todo:
+            pending[keys[i]].append(i)
+        generation = await self._sessions.store.slots(sid, list(pending))
+        start = dict(generation)
+        known: dict[str, GroupRecord | None] = {}
+        chunks: list[tuple[str, list[int]]] = []
+        while pending:
+            unread = [f"{key}.{generation[key]}" for key in pending
+                      if f"{key}.{generation[key]}" not in known]
+            if unread:  # one read per round; a second round only for keys that overflowed
+                found = await self._sessions.store.groups(sid, unread)
+                known.update({gid: found.get(gid) for gid in unread})
+            for key in list(pending):
+                gid = f"{key}.{generation[key]}"
+                group = known[gid]
+                have = len(group.rollouts) if group is not None else 0
+                if group is not None and (group.state != GroupPhase.OPEN or have >= size):
+                    generation[key] += 1
+                    continue
+                room, todo_key = size - have, pending[key]
+                chunks.append((gid, todo_key[:room]))
+                pending[key] = todo_key[room:]
+                if pending[key] or have + len(chunks[-1][1]) >= size:
+                    generation[key] += 1
+                if not pending[key]:
+                    del pending[key]
+        await self._sessions.store.set_slots(
+            sid, {key: value for key, value in generation.items() if value != start[key]})
+        return chunks
 
     async def _add(self, tenant: Tenant, sid: str, samples: list[SampleIn],
-                   groups: list[dict[str, Any]]) -> set[tuple[str, str]]:
-        """The session's add, waiting while the tenant is at its rollouts-in-flight limit;
-        a group that stopped being open meanwhile takes nothing (placed again). A 422 names
-        the samples' label (they share it: one key)."""
-        while True:
+                   chunks: list[tuple[str, dict[str, Any], list[int]]]
+                   ) -> dict[str, set[str] | BaseException]:
+        """The session's add of every chunk at once: per group id, the rollout ids taken, or
+        the 422 its label made (the other groups are added without it). Waits while the
+        tenant is at its rollouts-in-flight limit; a group that stopped being open meanwhile
+        takes nothing (its samples are placed again)."""
+        out: dict[str, set[str] | BaseException] = {}
+        while chunks:
             try:
-                return await self._sessions.add_rollouts(tenant, sid, groups)
+                taken = await self._sessions.add_rollouts(tenant, sid,
+                                                          [group for _, group, _ in chunks])
             except RequestInvalid as exc:
-                raise remap(exc, samples, one_group=True) from None
+                if not all(len(e["loc"]) > 2 and e["loc"][1] == "groups"
+                           and isinstance(e["loc"][2], int) for e in exc.errors):
+                    error = remap(exc, samples, one_group=True)  # not one group's: all fail
+                    return {**out, **{gid: error for gid, _, _ in chunks}}
+                bad = {e["loc"][2] for e in exc.errors}
+                for gi in bad:
+                    gid, _, idx = chunks[gi]
+                    out[gid] = remap(RequestInvalid([e for e in exc.errors
+                                                     if e["loc"][2] == gi]),
+                                     [samples[i] for i in idx], one_group=True)
+                chunks = [chunk for gi, chunk in enumerate(chunks) if gi not in bad]
+                continue
             except SessionBusy:
                 await asyncio.sleep(BUSY_POLL_S)
+                continue
             except SessionConflict:  # a group closed (timed out) since it was read
-                return set()
+                return out
+            for gid, rid in taken:
+                group_taken = out.setdefault(gid, set())
+                if isinstance(group_taken, set):
+                    group_taken.add(rid)
+            return out
+        return out
 
     async def _wait(self, sid: str, gid: str, config: CompatConfig) -> JsonObject:
         """The group's event once complete: every request of this pod waiting on a group of

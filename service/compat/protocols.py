@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
-from rewardd.advantages.bounds import FreeForm
+from rewardd.advantages.bounds import MAX_DEPTH, FreeForm, too_deep
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.advantages.models import FiniteFloat
 from rewardd.service.compat.config import CompatConfig
@@ -178,12 +179,36 @@ class NemoGymResponse(NemoGymRequest):
 
 
 def nemo_gym_samples(req: NemoGymRequest, config: CompatConfig) -> list[SampleIn]:
+    """The request's one sample, once its echoed task fields are known to be shallow
+    enough to answer (:func:`check_echoed_depth`)."""
+    check_echoed_depth(req)
     field_name = config.nemo_gym.label_field
     label = (req.model_extra or {}).get(field_name)
     loc = ("body", field_name)
     params = req.responses_create_params
     return [SampleIn(prompt_text(params.get("input")), responses_output_text(req.response),
                      reference_of(label, config, loc), loc)]
+
+
+def check_echoed_depth(req: NemoGymRequest) -> None:
+    """A 422 naming the field when a task field (echoed in the answer) nests more than
+    :data:`~rewardd.advantages.bounds.MAX_DEPTH` levels, REST's limit on free-form fields,
+    before anything is scored. The decoder reads up to 1024 levels, but orjson writes at most
+    254: a 300-deep field was scored and then answered a plain-text 500 (issue 28)."""
+    for name, value in (req.model_extra or {}).items():
+        path = too_deep(value)  # REST's free-form limit; the echo adds one level
+        if path is not None:
+            where = ".".join(map(str, (name, *path)))
+            where = where if len(where) <= 120 else where[:117] + "..."
+            raise RequestInvalid([error(("body", name), (
+                f"nested more than {MAX_DEPTH} levels deep (at {where}); the task's "
+                f"fields are echoed in the answer and may nest at most {MAX_DEPTH} levels: "
+                "flatten it"), "too_deep")])
+        try:  # what else the decoders read and the writers refuse (an integer past 64 bits)
+            orjson.dumps(value)
+        except TypeError as exc:
+            raise RequestInvalid([error(("body", name), f"cannot be echoed in the answer: "
+                                        f"{exc}", "unencodable")]) from None
 
 
 def nemo_gym_answer(req: NemoGymRequest, out: SampleOut, config: CompatConfig

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from rewardd.advantages.errors import RequestInvalid, error
-from rewardd.service import pipeline
+from rewardd.service import heavy, pipeline
+from rewardd.service.codec import validate_model
 from rewardd.service.compat.config import CompatConfig, load_compat_config
 from rewardd.service.compat.samples import SampleIn
 from rewardd.service.errors import Unavailable
@@ -122,10 +123,9 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime:
     samples come from several trainer requests: one bad label must not fail the rest)."""
     if not samples:
         return []
-    req = RewardsRequest(rewards=config.rewards, groups=[
-        {"group_id": str(i), "prompt": s.prompt, "reference": s.reference,
-         "rollouts": [{"rollout_id": str(i), "completion": s.completion}]}
-        for i, s in enumerate(samples)])
+    # building and validating the request is O(samples) of CPU (60,000 samples held the
+    # event loop for seconds): off the loop, in the heavy lane for a heavy batch
+    req = await heavy.offload(rewards_request, samples, config)
     try:
         body = await pipeline.rewards(req, runtime.executor, runtime.settings)
     except RequestInvalid as exc:
@@ -140,6 +140,19 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime:
         for i, out in zip(rest, await score_each([samples[i] for i in rest], config, runtime)):
             outs[i] = out
         return outs
+    return await heavy.offload(outcomes, body, samples)
+
+
+def rewards_request(samples: Sequence[SampleIn], config: CompatConfig) -> RewardsRequest:
+    """The /v1/rewards request of ``samples``, each a one-rollout group (CPU-bound)."""
+    return validate_model(RewardsRequest, {"rewards": config.rewards, "groups": [
+        {"group_id": str(i), "prompt": s.prompt, "reference": s.reference,
+         "rollouts": [{"rollout_id": str(i), "completion": s.completion}]}
+        for i, s in enumerate(samples)]})
+
+
+def outcomes(body: dict[str, Any], samples: Sequence[SampleIn]) -> list[SampleOut | Exception]:
+    """Each sample's outcome from the /v1/rewards answer of :func:`rewards_request`."""
     return [outcome(group["rollouts"][0], sample, 1, False)
             for group, sample in zip(body["groups"], samples)]
 

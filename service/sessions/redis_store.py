@@ -295,6 +295,20 @@ class RedisStore(SessionStore):
             pipe.expire(key(sid, "slots"), ACTIVE_TTL_S)
             await pipe.execute()
 
+    async def slots(self, sid: str, names: list[str]) -> dict[str, int]:
+        if not names:
+            return {}
+        values = await self.client.hmget(key(sid, "slots"), names)
+        return {name: int(raw) if raw is not None else 0 for name, raw in zip(names, values)}
+
+    async def set_slots(self, sid: str, values: dict[str, int]) -> None:
+        if not values:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(key(sid, "slots"), mapping=values)
+            pipe.expire(key(sid, "slots"), ACTIVE_TTL_S)
+            await pipe.execute()
+
     async def bump(self, sid: str, name: str, by: int) -> int:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hincrby(key(sid, "slots"), name, by)

@@ -173,6 +173,16 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def set_slot(self, sid: str, name: str, value: int) -> None: ...
 
+    async def slots(self, sid: str, names: list[str]) -> dict[str, int]:
+        """Several counters at once (0 for those never set): one round trip where the
+        store allows (a per-sample request's placement reads every prompt key's)."""
+        return {name: await self.slot(sid, name) for name in names}
+
+    async def set_slots(self, sid: str, values: dict[str, int]) -> None:
+        """Set several counters at once."""
+        for name, value in values.items():
+            await self.set_slot(sid, name, value)
+
     @abc.abstractmethod
     async def bump(self, sid: str, name: str, by: int) -> int:
         """Add ``by`` to the counter ``name`` (a slot), atomically; its new value."""
@@ -347,6 +357,13 @@ class MemoryStore(SessionStore):
 
     async def set_slot(self, sid: str, name: str, value: int) -> None:
         self._slots.setdefault(sid, {})[name] = value
+
+    async def slots(self, sid: str, names: list[str]) -> dict[str, int]:
+        table = self._slots.get(sid, {})
+        return {name: table.get(name, 0) for name in names}
+
+    async def set_slots(self, sid: str, values: dict[str, int]) -> None:
+        self._slots.setdefault(sid, {}).update(values)
 
     async def bump(self, sid: str, name: str, by: int) -> int:
         slots = self._slots.setdefault(sid, {})

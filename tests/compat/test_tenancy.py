@@ -38,7 +38,7 @@ async def until(condition) -> None:
 def waiting_samples(app) -> int:
     """Samples of alice's read and waiting for a batch (order, not a pause: a busy machine
     reads them later, never into another batch)."""
-    return len(app.state.services.compat.batcher._waiting["alice"])
+    return app.state.services.compat.batcher.waiting("alice")
 
 
 async def test_a_sample_past_the_tenants_limit_waits_for_the_slot_and_v1_is_refused():
