@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from decimal import Decimal
 import warnings
 from pathlib import Path
 from typing import Any
@@ -563,7 +564,27 @@ def test_checker_language_aliases() -> None:
     (b"inf", None), (b"0x1", None),
 ])
 def test_score_rule(stdout: bytes, score: float | None) -> None:
-    assert read_score(stdout) == score
+    read = read_score(stdout)
+    assert (read is None) if score is None else read == Decimal(str(score))
+
+
+@pytest.mark.parametrize("stdout,verdict", [
+    # issue 28 row 15: read as a float, the first passed and the second was accepted
+    (b"0.99999999999999999999", "partial"),
+    (b"1.0000000000000001", "bad_score"),
+    (b"1.000000000000000000000", "passed"),
+    (b"1e-999999999", "partial"),
+    (b"0." + b"9" * 200, "bad_score"),  # longer than any real score: refused, not parsed
+])
+def test_score_read_as_decimal(stdout: bytes, verdict: str) -> None:
+    try:
+        got = read_verdict(TestResult("ok", stdout=stdout), 0)
+    except CheckerFailed as exc:
+        assert exc.kind == verdict
+        return
+    assert got["verdict"] == verdict
+    if verdict == "partial":
+        assert 0.0 <= got["score"] < 1.0
 
 
 @pytest.mark.parametrize("result,verdict", [

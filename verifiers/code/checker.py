@@ -39,6 +39,7 @@ compile); elsewhere a C++ checker must be self-contained.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import math
 import re
@@ -61,6 +62,8 @@ _LANGUAGES: dict[str, CheckerLanguage] = {"python": "python", "python3": "python
 WRONG_ANSWER_EXITS = {1: "wrong answer", 2: "presentation error"}
 FILE_NAMES = ("input.txt", "output.txt", "answer.txt")
 _SCORE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_SCORE_CHARS = 100
+"""Longest score token read (a checker prints ``0.5`` or a dozen digits, never more)."""
 _MESSAGE = 300
 _CACHE_ENTRIES = 32
 _CACHE_BYTES = 256 << 20
@@ -124,16 +127,21 @@ def _message(result: TestResult) -> str:
     return "\n".join(parts)[:2 * _MESSAGE]
 
 
-def read_score(stdout: bytes) -> float | None:
-    """An accepted run's score: 1.0 for an empty stdout, else its first token as a number
-    in [0, 1]; None when that token is not one (module rules)."""
+def read_score(stdout: bytes) -> decimal.Decimal | None:
+    """An accepted run's score: 1 for an empty stdout, else its first token as a number in
+    [0, 1]; None when that token is not one (module rules).
+
+    Read as an exact decimal from the text, never through a float: a float rounds
+    ``0.99999999999999999999`` up to 1 (a pass where the checker gave partial credit) and
+    ``1.0000000000000001`` down to 1 (accepted where the checker broke the protocol). The
+    exponent is bounded first, so ``1e-999999999`` costs no more than ``1e-1``."""
     tokens = decode(stdout).split(maxsplit=1)
     if not tokens:
-        return 1.0
-    if not _SCORE.fullmatch(tokens[0]):
+        return decimal.Decimal(1)
+    if len(tokens[0]) > _SCORE_CHARS or not _SCORE.fullmatch(tokens[0]):
         return None
-    score = float(tokens[0])
-    return score if math.isfinite(score) and 0.0 <= score <= 1.0 else None
+    score = decimal.Decimal(tokens[0])
+    return score if 0 <= score <= 1 else None
 
 
 def read_verdict(result: TestResult, test: int) -> dict[str, Any]:
@@ -145,9 +153,11 @@ def read_verdict(result: TestResult, test: int) -> dict[str, Any]:
             raise CheckerFailed("bad_score", "the checker exited 0 but its stdout does not "
                                 "start with a score in [0, 1]: "
                                 f"{decode(result.stdout)[:80]!r}", test)
-        if score == 1.0:
+        if score == 1:
             return {"verdict": "passed"}
-        return {"verdict": "partial", "score": score, **_note(result)}
+        # below 1 stays below 1 as a float too (0.99999999999999999999 would round to 1.0)
+        partial = min(float(score), math.nextafter(1.0, 0.0))
+        return {"verdict": "partial", "score": partial, **_note(result)}
     if status in ("timeout", "memory_exceeded", "output_limit", "compile_error"):
         raise CheckerFailed(status, _message(result) or status, test)
     if result.signal is not None or result.exception:
