@@ -89,8 +89,10 @@ class CheckerFailed(Exception):
 def parse_checker(value: Any) -> Checker:
     """The reference's ``checker`` object; InvalidReference naming the field otherwise.
 
-    A Python checker is parsed here (never run) so a syntax error is the reference's
-    ``invalid_reference`` before any rollout runs."""
+    The code is not compiled here: compiling untrusted code outside the sandbox cost +2.3 GB
+    of worker memory for 6 MB of Python (issue 28, row 6). A Python checker with a syntax
+    error fails in its own sandbox run, which is a checker failure (``crashed``), also
+    ``invalid_reference``."""
     if not isinstance(value, Mapping):
         raise InvalidReference("code reference 'checker' must be an object "
                                "{\"language\": \"python\" | \"cpp\", \"code\": \"...\"}")
@@ -106,12 +108,6 @@ def parse_checker(value: Any) -> Checker:
     if not isinstance(code, str) or not code.strip():
         raise InvalidReference("code reference 'checker.code' must be a non-empty string")
     lang = _LANGUAGES[language.strip().lower()]
-    if lang == "python":
-        try:
-            compile(code, "<checker>", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-            raise InvalidReference(f"code reference 'checker.code' is not valid Python: "
-                                   f"{exc}") from None
     digest = hashlib.sha256(f"{lang}\0{code}".encode("utf-8", "surrogatepass")).hexdigest()
     return Checker(lang, code, digest)
 

@@ -29,7 +29,7 @@ from rewardd.verifiers.code.compare import (CompareMode, Expectation, decode, st
 from rewardd.verifiers.code.extract import extract_code
 from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
 from rewardd.verifiers.code.settings import sandbox_settings
-from rewardd.verifiers.code.spec import Spec, parse_reference, unknown_keys
+from rewardd.verifiers.code.spec import Spec, TestCodeTimedOut, parse_reference, unknown_keys
 from rewardd.verifiers.code.types import Language, Limits, Program, TestResult
 
 _SPEC_CACHE_SIZE = 256
@@ -144,6 +144,8 @@ def _cached_spec(canonical: str, language: Language | None) -> Spec | str:
     """The parsed spec, or the InvalidReference message (cached either way)."""
     try:
         return parse_reference(json.loads(canonical), language)
+    except TestCodeTimedOut:
+        raise  # a busy machine's slow parse is tried again next time
     except InvalidReference as exc:
         return str(exc)
 
@@ -312,6 +314,8 @@ class CodeVerifier(Verifier):
                    "operator set REWARDD_SANDBOX_INCLUDE_DIR",
     }
     Params = CodeParams
+    code_fields = (("test_code",), ("checker", "code"))
+    """Reference fields holding code, capped by size at the API (REWARDD_MAX_CODE_FIELD_BYTES)."""
 
     def warm_up(self) -> None:
         # Imports only (done above at module import). Starting the sandbox here would make
@@ -320,7 +324,10 @@ class CodeVerifier(Verifier):
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: CodeParams) -> Outcome:
-        spec = load_spec(reference, params.language)
+        try:  # assert-style test code is read by a sandbox run of its own
+            spec = load_spec(reference, params.language)
+        except SandboxUnavailable as exc:
+            return Outcome.failure(FailureKind.unavailable, str(exc) or "no sandbox")
         tests, expected = spec.tests, spec.expected
         if params.max_tests is not None:
             tests, expected = tests[:params.max_tests], expected[:params.max_tests]
