@@ -57,7 +57,7 @@ it fails (:class:`UncheckableValue`), never is excluded."""
 _PROBES: tuple[Any, ...] = (None, 0, True, [], {})
 """Shallow values a usable schema validates in a few steps; a schema that recurses without
 end on one of them (``{"$ref": "#"}``) is unusable. No string: a string would compile the
-schema's ``pattern`` regexes, which the API never does."""
+schema's ``pattern`` regexes before any value needs them."""
 
 
 def json_schema_types(schema: Any) -> Any:
@@ -142,9 +142,10 @@ def check_schema(schema: Any) -> str | None:
     Checked against its draft's metaschema *without* format assertions: with them the
     ``regex`` format would compile every ``pattern`` of a request's schema here, in the API
     process (a request's regex is only ever compiled and run in a worker, under its time
-    limit). A pattern that does not compile is found there: ``invalid_reference``. Then
-    applied to a few shallow values (:data:`_PROBES`): a schema that refers to itself without
-    end (``{"$ref": "#"}``) is not usable either.
+    limit). A pattern that does not compile is found there: ``invalid_reference``. In a
+    worker (outside a :func:`check_budget`), then applied to a few shallow values
+    (:data:`_PROBES`): a schema that refers to itself without end (``{"$ref": "#"}``) is not
+    usable either (``invalid_reference``).
 
     Under a :func:`check_budget` (the API), a schema not checked before is checked only while
     the budget lasts and when at most :data:`INLINE_SCHEMA_CHARS`; otherwise None here, and
@@ -157,19 +158,28 @@ def check_schema(schema: Any) -> str | None:
                f"{MAX_SCHEMA_CHARS}"
     digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
     known, verdict = verdicts.get(digest)
-    if known:
-        return verdict
     budget = _budget.get()
-    if budget is not None and (len(key) > INLINE_SCHEMA_CHARS or budget.cpu_s <= 0):
+    if not known and budget is not None and (len(key) > INLINE_SCHEMA_CHARS
+                                              or budget.cpu_s <= 0):
         budget.deferred += 1
         return None
-    started = time.thread_time()
-    try:
-        verdict = _schema_problem(key)
-    finally:
-        if budget is not None:
-            budget.cpu_s -= time.thread_time() - started
-    verdicts.put(digest, verdict)
+    if not known:
+        started = time.thread_time()
+        try:
+            verdict = _schema_problem(key)
+        finally:
+            if budget is not None:
+                budget.cpu_s -= time.thread_time() - started
+        verdicts.put(digest, verdict)
+    if verdict is not None or budget is not None:
+        return verdict
+    # a worker: a schema that refers to itself without end is unusable. Never in the API:
+    # applying a schema can cost exponential time ($refs used twice at each of many levels)
+    probed = hashlib.sha256(b"probe\0" + digest).digest()
+    known, verdict = verdicts.get(probed)
+    if not known:
+        verdict = _endless(schema, _PROBES)
+        verdicts.put(probed, verdict)
     return verdict
 
 
@@ -181,10 +191,10 @@ def _schema_problem(key: str) -> str | None:
     cls = _draft(json.loads(key))
     meta = cls.META_SCHEMA
     error = best_match(_draft(meta)(meta).iter_errors(json.loads(key)))
-    if error is not None:
-        where = "/".join(str(p) for p in error.path)
-        return f"not a valid JSON Schema{f' at {where}' if where else ''}: {error.message}"
-    return _endless(json.loads(key), _PROBES)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.path)
+    return f"not a valid JSON Schema{f' at {where}' if where else ''}: {error.message}"
 
 
 def _out_of_stack(exc: BaseException) -> bool:

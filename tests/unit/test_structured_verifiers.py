@@ -385,6 +385,11 @@ def test_a_schema_that_refers_to_itself_without_end_is_an_invalid_reference() ->
         assert out.error == FailureKind.invalid_reference, out
     # recursive through a constraint: a usable schema (trees, linked lists)
     assert REGISTRY["json_schema"].reference_errors({"schema": {"items": {"$ref": "#"}}}) == []
+    from rewardd.verifiers.structured_match import check_budget, check_schema, verdicts
+    verdicts.clear()
+    with check_budget(1.0):  # the API never applies a request's schema: the worker does
+        assert check_schema({"$ref": "#"}) is None
+    assert check_schema({"$ref": "#"})
 
 
 def test_a_schema_that_recurses_only_on_strings_is_found_where_it_is_applied() -> None:

@@ -21,8 +21,10 @@ judges each run's output as data. Exactly one of these reference fields holds th
 ``test_code`` (a string, or a list of strings joined by newlines), with ``entry_point``
 (HumanEval): assert-style tests (MBPP's ``assert f(1) == 2`` lines; HumanEval's ``def
 check(candidate): assert candidate(...) == ...``, called by the test code as ``check(f)`` or,
-when it is not, with ``entry_point``). See :func:`parse_test_code` for what is lifted into
-values judged outside the sandbox and what remains a ``script``.
+when it is not, with ``entry_point``). See :func:`rewardd.verifiers.code.lift.parse_test_code`
+for what is lifted into values judged outside the solution's sandbox and what remains a
+``script``; the lifting itself runs in a sandbox run of its own (:func:`parse_test_code`), so
+the test code is never parsed in a worker.
 
 ``language``: ``python`` (default), ``cpp`` or ``javascript`` (also ``py``, ``python3``,
 ``c++``, ``js``, ``node``); call-based and assert-style tests need Python.
