@@ -80,7 +80,9 @@ def test_six_mb_of_code_is_refused_naming_the_field(server: Any, field: str) -> 
     [problem] = response.json()["detail"]
     assert problem["loc"] == ["body", "groups", 0, "reference", *field.split(".")]
     assert "REWARDD_MAX_CODE_FIELD_BYTES" in problem["msg"]
-    assert server.rss_bytes() - rss < 200 * MB
+    grown = server.rss_bytes() - rss
+    print(f"row 6 ({field}, 6 MB): 422, server RSS {grown / MB:+.0f} MB")  # shown with -s
+    assert grown < 200 * MB
     assert set(neighbour.statuses) == {200} and neighbour.answered_during_hostile >= 1
 
 
@@ -98,7 +100,9 @@ def test_test_code_at_the_limit_is_read_in_the_sandbox_at_a_bounded_cost(server:
     solved, empty = cells(response)
     assert (solved["reward"], empty["reward"]) == (1.0, 0.0), solved
     assert solved["detail"]["lifted"] == 1  # judged outside the solution's run
-    assert server.rss_bytes() - rss < 200 * MB
+    grown = server.rss_bytes() - rss
+    print(f"row 6 (test_code at the cap): scored, server RSS {grown / MB:+.0f} MB")
+    assert grown < 200 * MB
     assert set(neighbour.statuses) == {200} and neighbour.answered_during_hostile >= 1
 
 
@@ -140,7 +144,10 @@ def test_distinct_schemas_cost_the_api_a_bounded_cpu(server: Any, count: int,
     assert spent < 2.0, spent
     outcomes = cells(response)
     assert [c["reward"] for c in outcomes] == [1.0, 0.0] * count  # checked, then scored
-    assert server.rss_bytes() - rss < 200 * MB
+    grown = server.rss_bytes() - rss
+    print(f"row 7 ({count} x {chars} B schemas): API CPU {spent:.2f} s, "
+          f"server RSS {grown / MB:+.0f} MB")
+    assert grown < 200 * MB
     # the neighbour is answered meanwhile (new schemas: none is cached yet)
     again, neighbour = hostile_beside_a_neighbour(
         server.url, lambda: score(server.url, schema_groups(count + 1, count, chars),
