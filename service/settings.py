@@ -133,6 +133,20 @@ class Settings(WorkerSettings):
         "with what is already waiting with 429. Bounds the samples (and, in group mode, the open "
         "groups they start) one tenant keeps parked in the API process.")
 
+    # --- issue 28: code references and JSON Schemas (untrusted code, schema checks)
+    max_code_field_bytes: int = Field(
+        1 << 20, ge=1024, le=64 << 20, description="Largest code field of a reference "
+        "(UTF-8 bytes): a code reference's `test_code` and `checker.code`. Larger: 422 naming "
+        "the field. Protects the sandbox run that reads the code (parsing Python takes "
+        "hundreds of bytes of memory per byte of code) and the workers that carry it.")
+    max_schema_check_cpu_s: float = Field(
+        1.0, ge=0, le=60, description="API CPU seconds one request may spend checking its "
+        "JSON Schemas (json_schema, tool_call) against their metaschema, for schemas the "
+        "process has not checked before (verdicts are cached by content). Schemas past it, "
+        "and any single schema over 16 KiB, are checked by the worker that uses them, under "
+        "its time limit: a bad one is then `invalid_reference` instead of a 422. Protects "
+        "the API's CPU.")
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""

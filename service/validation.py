@@ -19,6 +19,7 @@ from rewardd.advantages.errors import Loc, error
 from rewardd.service.models import Group, RewardSpec, RewardsRequest, ScoreRequest
 from rewardd.service.settings import Settings
 from rewardd.verifiers import Verifier, get_verifier
+from rewardd.verifiers.structured_match import check_budget
 
 
 def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Iterator[dict]:
@@ -41,21 +42,52 @@ def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Itera
         yield from check_timeout(spec.timeout_s, settings, loc + ("timeout_s",))
 
 
-def reference_errors(verifier: Verifier, reference: Any, loc: Loc,
+def reference_errors(verifier: Verifier, reference: Any, loc: Loc, settings: Settings,
                      shared: Collection[str] = ()) -> list[dict]:
-    """``reference`` against the shape ``verifier`` documents, errors under ``loc``: a
-    verifier with a ``reference_errors(reference, shared)`` method (the code verifier:
-    unknown keys) is refused with a 422 before anything runs, instead of a failed cell per
-    rollout. ``shared``: the top-level keys other verifiers scoring the same reference
-    document (a group's one reference serves all of a request's verifiers)."""
+    """``reference`` against the shape ``verifier`` documents, errors under ``loc``: its
+    code fields by size (:func:`code_size_errors`), then, for a verifier with a
+    ``reference_errors(reference, shared)`` method (the code verifier: unknown keys), its
+    shape, refused with a 422 before anything runs, instead of a failed cell per rollout.
+    ``shared``: the top-level keys other verifiers scoring the same reference document (a
+    group's one reference serves all of a request's verifiers)."""
+    oversized = code_size_errors(verifier, reference, loc, settings)
     errors_of = getattr(verifier, "reference_errors", None)
-    if errors_of is None:
-        return []
+    if oversized or errors_of is None:
+        return oversized
     return [error(loc + tuple(path), f"{message} ({verifier.name} verifier)")
             for path, message in errors_of(reference, shared)]
 
 
-def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> Iterator[dict]:
+def _utf8_size(value: Any) -> int:
+    """The UTF-8 size of a code field (a string, or a list of lines as ``test_code`` may be);
+    0 for anything else (its shape is the verifier's to refuse)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, list):
+        return sum(_utf8_size(line) + 1 for line in value if isinstance(line, str))
+    return 0
+
+
+def code_size_errors(verifier: Verifier, reference: Any, loc: Loc,
+                     settings: Settings) -> list[dict]:
+    """Each code field of ``reference`` that ``verifier`` names (``code_fields``) over
+    ``max_code_field_bytes``: code a sandbox run must read (parsing Python costs hundreds
+    of bytes of memory per byte of code), refused before any of it is carried or read."""
+    limit, found = settings.max_code_field_bytes, []
+    for path in getattr(verifier, "code_fields", ()):
+        value: Any = reference
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        size = _utf8_size(value)
+        if size > limit:
+            found.append(error(loc + tuple(path), f"{size} bytes of code is over the limit of "
+                               f"{limit} (REWARDD_MAX_CODE_FIELD_BYTES); shorten the "
+                               f"{'.'.join(path)} of this reference"))
+    return found
+
+
+def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group],
+                     settings: Settings) -> Iterator[dict]:
     """Each group's reference, by every verifier of the request (:func:`reference_errors`),
     reported at ``body.groups[i].reference.<path>``."""
     verifiers: dict[str, Verifier] = {}
@@ -70,7 +102,8 @@ def check_references(specs: Sequence[RewardSpec], groups: Sequence[Group]) -> It
     for gi, group in enumerate(groups):
         for name, verifier in verifiers.items():
             yield from reference_errors(verifier, group.reference,
-                                        ("body", "groups", gi, "reference"), shared[name])
+                                        ("body", "groups", gi, "reference"), settings,
+                                        shared[name])
 
 
 def check_timeout(timeout_s: float | None, settings: Settings, loc: Loc) -> list[dict]:
@@ -106,9 +139,11 @@ def check_rollout_count(groups: Sequence[Group], settings: Settings) -> Iterator
 def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """Every cross-field rule of a /v1/score or /v1/rewards body; raises RequestInvalid."""
     spec = getattr(req, "advantage", None)
-    raise_if(chain(check_rollout_count(req.groups, settings),
-                   check_groups(req.groups, tokens_needed_for(spec)),
-                   check_reward_specs(req.rewards, settings),
-                   check_references(req.rewards, req.groups),
-                   check_component_names(req.rewards, req.groups),
-                   check_advantage(spec, req.groups, req.run_id) if spec is not None else ()))
+    with check_budget(settings.max_schema_check_cpu_s):
+        raise_if(chain(check_rollout_count(req.groups, settings),
+                       check_groups(req.groups, tokens_needed_for(spec)),
+                       check_reward_specs(req.rewards, settings),
+                       check_references(req.rewards, req.groups, settings),
+                       check_component_names(req.rewards, req.groups),
+                       check_advantage(spec, req.groups, req.run_id) if spec is not None
+                       else ()))

@@ -13,6 +13,7 @@ from rewardd.service.pipeline import call_timeout, run_calls
 from rewardd.service.settings import Settings
 from rewardd.service.validation import check_timeout, reference_errors
 from rewardd.verifiers import Sample, Verifier, get_verifier
+from rewardd.verifiers.structured_match import check_budget
 from rewardd.workers.executor import Executor, VerifyCall
 
 
@@ -31,7 +32,7 @@ async def verify_one(verifier: str, req: VerifyRequest, settings: Settings,
     impl = known_verifier(verifier)
     # off the event loop: validating params may compile a request's regex (megabytes), and
     # checking a reference may check a JSON Schema against its metaschema
-    raise_if(await asyncio.to_thread(_request_errors, impl, req)
+    raise_if(await asyncio.to_thread(_request_errors, impl, req, settings)
              + check_timeout(req.timeout_s, settings, ("body", "timeout_s")))
     call = VerifyCall(verifier, (Sample(req.completion, req.prompt, req.num_tokens),),
                       req.reference, req.params, call_timeout(req.timeout_s, settings))
@@ -40,8 +41,10 @@ async def verify_one(verifier: str, req: VerifyRequest, settings: Settings,
     return item.outcome.to_dict()
 
 
-def _request_errors(impl: Verifier, req: VerifyRequest) -> list[dict]:
+def _request_errors(impl: Verifier, req: VerifyRequest, settings: Settings) -> list[dict]:
     """The request's params and reference against what ``impl`` documents: the same 422s a
-    batch gets at ``body.rewards[i].params`` and ``body.groups[i].reference``."""
-    return (validate_params(impl.Params, req.params, ("body", "params"))
-            + reference_errors(impl, req.reference, ("body", "reference")))
+    batch gets at ``body.rewards[i].params`` and ``body.groups[i].reference``, with the same
+    bound on the API CPU its JSON Schema checks take."""
+    with check_budget(settings.max_schema_check_cpu_s):
+        return (validate_params(impl.Params, req.params, ("body", "params"))
+                + reference_errors(impl, req.reference, ("body", "reference"), settings))

@@ -138,6 +138,9 @@ class Verifier:
     name: ClassVar[str]
     description: ClassVar[str]
     reference_fields: ClassVar[dict[str, str]] = {}
+    code_fields: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    """Paths of reference fields that hold code (a string, or a list of lines): the service
+    refuses one over its size limit before anything runs (REWARDD_MAX_CODE_FIELD_BYTES)."""
     Params: ClassVar[type[VerifierParams]] = VerifierParams
 
     def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:

@@ -34,10 +34,10 @@ from pydantic import Field, field_validator, model_validator
 
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.references import ReferenceModel, ReferenceShaped, StrictPart
-from rewardd.verifiers.structured_match import (StringMatch, UnusableSchema, arguments_match,
-                                                check_schema, choices, json_schema_types,
-                                                max_matching,
-                                                same, schema_errors, usable_schema)
+from rewardd.verifiers.structured_match import (StringMatch, UncheckableValue, UnusableSchema,
+                                                arguments_match, check_schema, choices,
+                                                json_schema_types, max_matching, same,
+                                                schema_errors, usable_schema)
 from rewardd.verifiers.structured_parse import (CONTAINERS, Call, Container, FormatError,
                                                 find_json, tool_calls)
 from rewardd.verifiers.text import truncate
@@ -117,7 +117,7 @@ class ToolCallReference(ReferenceModel):
         found: list[tuple[tuple[str | int, ...], str]] = []
         for i, call in enumerate(self.calls or () if schemas else ()):
             try:
-                errors = schema_errors(call.arguments, schemas.get(call.name, True))
+                errors = _arguments_errors(call.arguments, schemas.get(call.name, True))
             except UnusableSchema as exc:
                 return [(("tools",), str(exc))]
             if errors:
@@ -240,7 +240,7 @@ class ToolCallVerifier(ReferenceShaped, Verifier):
         detail.update(container=container, calls=[truncate(json.dumps(c.to_dict()))
                                                   for c in calls[:SHOWN_CALLS]])
         try:
-            invalid = {i: schema_errors(c.arguments, schemas[c.name])
+            invalid = {i: _arguments_errors(c.arguments, schemas[c.name])
                        for i, c in enumerate(calls) if c.name in schemas}
         except UnusableSchema as exc:
             raise InvalidReference(f"tool_call: reference.tools: {exc}") from None
@@ -258,6 +258,15 @@ class ToolCallVerifier(ReferenceShaped, Verifier):
               **more: Any) -> Outcome:
         reward = _combine(parts, params.weights.by_part(), params.reward)
         return Outcome.success(reward, parts=parts, **detail, **more)
+
+
+def _arguments_errors(arguments: dict[str, Any], schema: Any) -> list[str]:
+    """A call's schema errors; arguments too deep to check break the schema (the model's
+    output fails, it is never excluded)."""
+    try:
+        return schema_errors(arguments, schema)
+    except UncheckableValue as exc:
+        return [f"(root): {exc}"]
 
 
 def _validity_parts(calls: list[Call], schemas: Mapping[str, Any],
@@ -326,6 +335,8 @@ class JsonSchemaReference(ReferenceModel):
             errors = schema_errors(self.expected, self.schema_)
         except UnusableSchema as exc:
             return [(("schema",), str(exc))]
+        except UncheckableValue as exc:
+            return [(("expected",), str(exc))]
         return [(("expected",), f"breaks the schema: {errors[0]}")] if errors else []
 
 
@@ -350,7 +361,7 @@ class JsonSchemaVerifier(ReferenceShaped, Verifier):
         has_expected = "expected" in ref.model_fields_set
         try:
             if has_expected and params.json_schema is not None:
-                errors = schema_errors(ref.expected, schema)  # the reference's was checked
+                errors = _expected_errors(ref.expected, schema)  # the reference's was checked
                 if errors:
                     raise InvalidReference("json_schema: reference.expected breaks "
                                            f"params.json_schema: {errors[0]}")
@@ -364,6 +375,18 @@ class JsonSchemaVerifier(ReferenceShaped, Verifier):
         return Outcome.success(reward, parts=parts, weights=weights, **detail)
 
 
+def _expected_errors(expected: Any, schema: Any) -> list[str]:
+    try:
+        return schema_errors(expected, schema)
+    except UncheckableValue as exc:
+        raise InvalidReference(f"json_schema: reference.expected: {exc}") from None
+
+
+UNVERIFIABLE = "unverifiable"
+"""``detail.rule`` of an output whose schema check cannot finish (too deep, or the schema
+recurses through it without end): every part 0, a reward like any failed output's."""
+
+
 def _json_parts(completion: str, schema: Any, expected: Any, has_expected: bool,
                 params: JsonSchemaParams) -> tuple[dict[str, float], dict[str, Any]]:
     parts = {"format": 0.0, "schema": 0.0}
@@ -374,7 +397,13 @@ def _json_parts(completion: str, schema: Any, expected: Any, has_expected: bool,
     except FormatError as exc:
         return parts, {"format_error": str(exc)}
     value = found.values[-1]
-    errors = schema_errors(value, schema)
+    try:
+        errors = schema_errors(value, schema)
+    except UncheckableValue as exc:
+        # scored 0, never excluded: an `error` cell would give the rollout advantage 0, and a
+        # model could nest its output deeply to dodge a negative one (issue 28, row 11)
+        return parts, {"container": found.container, "rule": UNVERIFIABLE,
+                       "schema_errors": [f"(root): {exc}"]}
     parts["format"] = 1.0
     parts["schema"] = 0.0 if errors else 1.0
     if has_expected:

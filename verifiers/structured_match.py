@@ -17,10 +17,17 @@ set) or ``"x-unordered": true``. The schema is followed into ``properties``, ``i
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import hashlib
 import json
 import re
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import jsonschema
 from jsonschema.exceptions import best_match
@@ -36,9 +43,21 @@ MAX_SCHEMA_CHARS = 65_536
 the bound keeps a request's schema from costing the API (which checks it) or a worker (which
 compiles its ``pattern`` regexes) more than a moment, and bounds the caches below."""
 _CACHE_SIZE = 512
-"""Checked schemas and built validators kept per process, by the schema's canonical JSON: a
-group's rollouts share one reference, and a dataset reuses a few tool sets. Checking a schema
-against its metaschema costs about a millisecond, more than the validation itself."""
+"""Checked schemas and built validators kept per process, by the schema's canonical JSON
+(verdicts by its SHA-256): a group's rollouts share one reference, and a dataset reuses a
+few tool sets. Checking a schema against its metaschema costs about a millisecond per KB
+(seconds for 64 KB of a hostile shape, issue 28 row 7), more than the validation itself."""
+INLINE_SCHEMA_CHARS = 16_384
+"""Under a :func:`check_budget` (the API), a schema larger than this is not checked against
+its metaschema there but by the worker that uses it (one check of it may cost a second)."""
+MAX_VALUE_DEPTH = 64
+"""Deepest value (arrays and objects in each other) checked against a schema; the same as
+the API's nesting limit of a request. A model's output nested deeper cannot be checked:
+it fails (:class:`UncheckableValue`), never is excluded."""
+_PROBES: tuple[Any, ...] = (None, 0, True, [], {})
+"""Shallow values a usable schema validates in a few steps; a schema that recurses without
+end on one of them (``{"$ref": "#"}``) is unusable. No string: a string would compile the
+schema's ``pattern`` regexes before any value needs them."""
 
 
 def json_schema_types(schema: Any) -> Any:
@@ -60,27 +79,114 @@ def _key(schema: Any) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
+@dataclass(slots=True)
+class _Budget:
+    cpu_s: float
+    """Thread CPU seconds left for this request's uncached metaschema checks."""
+    deferred: int = 0
+    """Schemas left to the workers (for tests and logs)."""
+
+
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
+    "rewardd_schema_check_budget", default=None)
+
+
+@contextmanager
+def check_budget(cpu_s: float) -> Iterator[_Budget]:
+    """Around one request's checks in the API process: at most about ``cpu_s`` of this
+    thread's CPU goes to metaschema checks of schemas not checked before (each at most
+    :data:`INLINE_SCHEMA_CHARS`); the rest are left to the workers, which check every
+    schema they use (:func:`check_schema` outside a budget) under their time limit. A
+    schema found bad in the API is a 422; one left to a worker is ``invalid_reference``."""
+    budget = _Budget(cpu_s)
+    token = _budget.set(budget)
+    try:
+        yield budget
+    finally:
+        _budget.reset(token)
+
+
+class _Verdicts:
+    """Metaschema verdicts by the schema's SHA-256 (LRU, :data:`_CACHE_SIZE`): a schema the
+    process checked once is never checked again, and the cache holds no schema text."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, str | None] = OrderedDict()
+
+    def get(self, digest: bytes) -> tuple[bool, str | None]:
+        with self._lock:
+            if digest not in self._entries:
+                return False, None
+            self._entries.move_to_end(digest)
+            return True, self._entries[digest]
+
+    def put(self, digest: bytes, verdict: str | None) -> None:
+        with self._lock:
+            self._entries[digest] = verdict
+            self._entries.move_to_end(digest)
+            while len(self._entries) > _CACHE_SIZE:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+verdicts = _Verdicts()
+
+
 def check_schema(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON Schema, or None.
 
     Checked against its draft's metaschema *without* format assertions: with them the
     ``regex`` format would compile every ``pattern`` of a request's schema here, in the API
     process (a request's regex is only ever compiled and run in a worker, under its time
-    limit). A pattern that does not compile is found there: ``invalid_reference``."""
+    limit). A pattern that does not compile is found there: ``invalid_reference``. In a
+    worker (outside a :func:`check_budget`), then applied to a few shallow values
+    (:data:`_PROBES`): a schema that refers to itself without end (``{"$ref": "#"}``) is not
+    usable either (``invalid_reference``).
+
+    Under a :func:`check_budget` (the API), a schema not checked before is checked only while
+    the budget lasts and when at most :data:`INLINE_SCHEMA_CHARS`; otherwise None here, and
+    the worker checks it."""
     if not isinstance(schema, (dict, bool)):
         return f"a JSON Schema is an object, not {type(schema).__name__}"
     key = _key(schema)
     if len(key) > MAX_SCHEMA_CHARS:
         return f"the schema is {len(key)} characters of JSON, over the limit of " \
                f"{MAX_SCHEMA_CHARS}"
-    return _schema_problem(key)
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    known, verdict = verdicts.get(digest)
+    budget = _budget.get()
+    if not known and budget is not None and (len(key) > INLINE_SCHEMA_CHARS
+                                              or budget.cpu_s <= 0):
+        budget.deferred += 1
+        return None
+    if not known:
+        started = time.thread_time()
+        try:
+            verdict = _schema_problem(key)
+        finally:
+            if budget is not None:
+                budget.cpu_s -= time.thread_time() - started
+        verdicts.put(digest, verdict)
+    if verdict is not None or budget is not None:
+        return verdict
+    # a worker: a schema that refers to itself without end is unusable. Never in the API:
+    # applying a schema can cost exponential time ($refs used twice at each of many levels)
+    probed = hashlib.sha256(b"probe\0" + digest).digest()
+    known, verdict = verdicts.get(probed)
+    if not known:
+        verdict = _endless(schema, _PROBES)
+        verdicts.put(probed, verdict)
+    return verdict
 
 
 def _draft(schema: Any) -> Any:
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 
-@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _schema_problem(key: str) -> str | None:
     cls = _draft(json.loads(key))
     meta = cls.META_SCHEMA
@@ -89,6 +195,32 @@ def _schema_problem(key: str) -> str | None:
         return None
     where = "/".join(str(p) for p in error.path)
     return f"not a valid JSON Schema{f' at {where}' if where else ''}: {error.message}"
+
+
+def _out_of_stack(exc: BaseException) -> bool:
+    """A RecursionError, also as the panic the ``referencing`` library's Rust maps (rpds)
+    turn one into when it strikes inside them (``pyo3_runtime.PanicException``, a
+    BaseException that names no RecursionError type of its own)."""
+    return isinstance(exc, RecursionError) or (
+        type(exc).__name__ == "PanicException" and "RecursionError" in str(exc))
+
+
+def _endless(schema: Any, probes: Iterable[Any]) -> str | None:
+    """Why ``schema`` cannot be applied to a shallow value (it refers to itself without
+    end), or None. A ``$ref`` that does not resolve is left to :func:`schema_errors`."""
+    validator = _draft(schema)(schema)
+    for probe in probes:
+        try:
+            for _ in validator.iter_errors(probe):
+                pass
+        except (Unresolvable, re.error, jsonschema.exceptions.SchemaError):
+            return None  # reported where the schema is applied (UnusableSchema)
+        except BaseException as exc:  # noqa: B036 - see _out_of_stack
+            if not _out_of_stack(exc):
+                raise
+            return (f"the schema refers to itself without end (validating "
+                    f"{json.dumps(probe)} never finishes); a $ref must lead to a constraint")
+    return None
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
@@ -107,15 +239,61 @@ def usable_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
 
 class UnusableSchema(ValueError):
     """The schema cannot be applied: a ``$ref`` that does not resolve locally (a remote one),
-    or a ``pattern`` that is not a regular expression."""
+    a ``pattern`` that is not a regular expression, or a schema that refers to itself
+    without end."""
+
+
+class UncheckableValue(ValueError):
+    """The value cannot be checked against the schema: nested deeper than
+    :data:`MAX_VALUE_DEPTH`, or the check does not finish. The value's fault (a model's
+    output): it fails the check, it is never excluded."""
+
+
+def depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (iterative, and
+    stops at the first path past the limit)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children
+                         if isinstance(child, (list, dict)))
+    return False
+
+
+class _OutOfStack(Exception):
+    """A schema check that ran out of stack (:func:`_out_of_stack`)."""
+
+
+def _sorted_errors(instance: Any, schema: Any) -> list[Any]:
+    try:
+        return sorted(_validator(_key(schema)).iter_errors(instance),
+                      key=lambda e: list(map(str, e.path)))
+    except BaseException as exc:  # noqa: B036 - see _out_of_stack
+        if _out_of_stack(exc):
+            raise _OutOfStack() from None
+        raise
 
 
 def schema_errors(instance: Any, schema: Any) -> list[str]:
     """The first :data:`MAX_ERRORS` ways ``instance`` breaks ``schema``, each with its JSON
-    path; empty when it validates."""
+    path; empty when it validates. :class:`UncheckableValue` when ``instance`` is too deep to
+    check, :class:`UnusableSchema` when the schema cannot be applied."""
+    if depth_over(instance, MAX_VALUE_DEPTH):
+        raise UncheckableValue(f"the value nests arrays and objects more than "
+                               f"{MAX_VALUE_DEPTH} deep, past what a schema check goes to")
     try:
-        errors = sorted(_validator(_key(schema)).iter_errors(instance),
-                        key=lambda e: list(map(str, e.path)))
+        errors = _sorted_errors(instance, schema)
+    except _OutOfStack:
+        # the schema's fault when it cannot finish even on a shallow value, else the value's
+        endless = _endless(schema, _PROBES + ("",))
+        if endless:
+            raise UnusableSchema(endless) from None
+        raise UncheckableValue("checking the value against the schema does not finish "
+                               "(the schema recurses through the value too deeply)") from None
     except Unresolvable as exc:
         raise UnusableSchema(f"the schema has a $ref that does not resolve locally: {exc}"
                              ) from None

@@ -681,3 +681,33 @@ def test_more_rollouts_than_the_operator_allows_is_422_at_groups(route: str) -> 
         body["groups"][0]["rollouts"] = body["groups"][0]["rollouts"][:3]
         assert client.post(route, json=body).status_code in (200, 202)
     assert executor.entered <= 1  # the refused request never reached the verifiers
+
+
+@pytest.mark.parametrize("route", ["/v1/score", "/v1/rewards", "/v1/jobs", "/v1/verify/code"])
+@pytest.mark.parametrize("field", [("test_code",), ("checker", "code")])
+def test_a_code_field_over_its_size_limit_is_422_naming_it(route: str,
+                                                           field: tuple[str, ...]) -> None:
+    """Issue 28 row 6: code fields of a reference are capped (REWARDD_MAX_CODE_FIELD_BYTES)
+    before any of it reaches a worker or a sandbox."""
+    executor = GatedExecutor()
+    executor.gate.set()
+    app = create_app(Settings(pool_size=1, max_code_field_bytes=4096), executor=executor)
+    code = "assert f(1) == 1\n" * 300  # 5,100 bytes
+    reference: dict[str, Any] = {"tests": {"inputs": ["1\n"], "outputs": ["1\n"]}}
+    if field == ("test_code",):
+        reference = {"test_code": code}
+    else:
+        reference["checker"] = {"language": "python", "code": code}
+    if route.startswith("/v1/verify"):
+        body: dict[str, Any] = {"completion": "x", "reference": reference}
+        loc = ["body", "reference", *field]
+    else:
+        body = score_body(groups=[{"group_id": "g0", "reference": reference,
+                                   "rollouts": [rollout("a"), rollout("b")]}])
+        body["rewards"] = [{"name": "tests", "verifier": "code"}]
+        loc = ["body", "groups", 0, "reference", *field]
+    with TestClient(app) as client:
+        refused = client.post(route, json=body)
+        err = error_at(refused, loc)
+        assert "over the limit of 4096 (REWARDD_MAX_CODE_FIELD_BYTES)" in err["msg"]
+    assert executor.entered == 0  # nothing reached the verifiers

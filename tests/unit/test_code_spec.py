@@ -1,7 +1,8 @@
 """The code verifier's pure parts: extraction, reference formats, assert lifting, comparison.
 
-No sandbox here: these pin what is run and what is expected (tests/unit/test_code_verifier.py
-runs programs)."""
+These pin what is run and what is expected (tests/unit/test_code_verifier.py runs programs).
+Assert-style test code is lifted by a sandbox run of its own (issue 28 row 6: never parsed in
+the worker), so those tests need the sandbox."""
 
 from __future__ import annotations
 
@@ -189,7 +190,7 @@ def test_mbpp_asserts_are_lifted_with_literal_expected_values():
             "assert -4.5 == f(2)\n")
     spec, exprs, scripts = lifted(code)
     assert [e for e, _ in exprs] == ["f(1)", "f(-1)", "g('a')", "h()", "k()", "f(2)"]
-    assert [x.value for _, x in exprs] == [2, -2, "A", (1, [2, 3]), {"a": None, "b": True},
+    assert [x.value for _, x in exprs] == [2, -2, "A", [1, [2, 3]], {"a": None, "b": True},
                                             -4.5]
     assert all(x.kind == "equal" for _, x in exprs)
     assert scripts == [] and (spec.lifted, spec.script, spec.style) == (6, 0, "assert")
@@ -423,3 +424,48 @@ def test_value_meets_other_forms():
     isclose = Expectation("close", 12.566, op="isclose", rel_tol=1e-3)
     assert value_meets(4 * math.pi, isclose) and not value_meets(12.6, isclose)
     assert value_meets(True, Expectation("equal", True))
+
+
+# ----------------------------------------------------------------------------- issue 28
+
+
+def test_test_code_is_never_parsed_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row 6: 6 MB of test_code through ast.parse took +3.7 GB of worker memory. The lifting
+    runs in the sandbox: here, parsing or compiling anything is an error, and it still works."""
+    import ast
+    import builtins
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("untrusted code parsed outside the sandbox")
+
+    monkeypatch.setattr(ast, "parse", refused)
+    monkeypatch.setattr(builtins, "compile", refused)
+    spec, exprs, _ = lifted("def check(candidate):\n    assert candidate(1) == 2\n", "f")
+    assert [e for e, _ in exprs] == ["f(1)"] and spec.lifted == 1
+
+
+def test_test_code_too_big_to_parse_in_its_limits_is_an_invalid_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lifting run is held to REWARDD_SANDBOX_PARSE_MEMORY_MB: past it, the test code
+    is the reference's fault, and this process's memory does not grow by the parse."""
+    import resource
+
+    from rewardd.verifiers.code.settings import sandbox_settings
+    monkeypatch.setenv("REWARDD_SANDBOX_PARSE_MEMORY_MB", "64")
+    sandbox_settings.cache_clear()
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        code = "".join(f"assert f({i}) == [{i}, {i} + 1, ({i},)]\n" for i in range(120_000))
+        with pytest.raises(InvalidReference, match="'test_code' could not be read within the "
+                                                   "limits of its parsing run"):
+            parse_reference({"test_code": code})
+        grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown_kb < 100 * 1024, grown_kb
+    finally:
+        monkeypatch.delenv("REWARDD_SANDBOX_PARSE_MEMORY_MB")
+        sandbox_settings.cache_clear()
+
+
+def test_an_unreadable_entry_point_is_named_by_the_lifting_run() -> None:
+    with pytest.raises(InvalidReference, match="'entry_point' must be a function name"):
+        lifted("def check(candidate):\n    assert candidate(1) == 2\n", "1 +")

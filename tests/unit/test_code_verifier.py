@@ -15,7 +15,7 @@ import warnings
 import pytest
 from pydantic import ValidationError
 
-from rewardd.verifiers.base import FailureKind, Outcome, Sample, run_verifier
+from rewardd.verifiers.base import FailureKind, InvalidReference, Outcome, Sample, run_verifier
 from rewardd.verifiers.code import CodeVerifier
 from rewardd.verifiers.code import verifier as code_verifier
 from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox
@@ -384,5 +384,18 @@ def test_a_group_parses_its_reference_once():
     reference = {"tests": {"inputs": ["1 2\n"], "outputs": ["3\n"]}}
     for completion in ("print(3)", "print(4)", "print(3)"):
         run_verifier(CODE, Sample(completion), dict(reference), {})
-    info = code_verifier._cached_spec.cache_info()
-    assert (info.misses, info.hits) == (1, 2)
+    specs = code_verifier._specs
+    assert (specs.misses, specs.hits) == (1, 2)
+
+
+def test_parsed_specs_are_bounded_by_the_bytes_of_their_references(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 row 6: specs were cached by the reference's whole text, 256 of them: distinct
+    1 MB test codes could hold hundreds of MB in a worker. Keyed by digest, bounded in bytes."""
+    code_verifier.clear_caches()
+    monkeypatch.setattr(code_verifier, "_SPEC_CACHE_BYTES", 3000)
+    for i in range(5):
+        outputs = [f"{i}\n" + "x" * 1000]
+        with pytest.raises(InvalidReference):  # no inputs: a reference that does not read
+            code_verifier.load_spec({"tests": {"inputs": [], "outputs": outputs}})
+    assert len(code_verifier._specs) == 2

@@ -370,3 +370,83 @@ def test_json_schema_bad_references(reference: dict[str, Any], field: str) -> No
 def test_reference_errors_give_the_path_the_service_reports(name: str, reference: Any,
                                                             errors: list[Any]) -> None:
     assert REGISTRY[name].reference_errors(reference) == errors
+
+
+# --------------------------------------------------------------------------- issue 28
+
+def test_a_schema_that_refers_to_itself_without_end_is_an_invalid_reference() -> None:
+    """Row 11: ``{"$ref": "#"}`` recursed without end when applied: an `error` cell before,
+    now the reference's fault, a 422 at the API and ``invalid_reference`` in the worker."""
+    for schema in ({"$ref": "#"}, {"allOf": [{"$ref": "#"}]}):
+        [(path, message)] = REGISTRY["json_schema"].reference_errors({"schema": schema})
+        assert path == ("schema",) and "refers to itself without end" in message
+        out = run_verifier(REGISTRY["json_schema"], Sample('{"a": 1}'), {"schema": schema},
+                           {})
+        assert out.error == FailureKind.invalid_reference, out
+    # recursive through a constraint: a usable schema (trees, linked lists)
+    assert REGISTRY["json_schema"].reference_errors({"schema": {"items": {"$ref": "#"}}}) == []
+    from rewardd.verifiers.structured_match import check_budget, check_schema, verdicts
+    verdicts.clear()
+    with check_budget(1.0):  # the API never applies a request's schema: the worker does
+        assert check_schema({"$ref": "#"}) is None
+    assert check_schema({"$ref": "#"})
+
+
+def test_a_schema_that_recurses_only_on_strings_is_found_where_it_is_applied() -> None:
+    schema = {"if": {"type": "string"}, "then": {"$ref": "#"}}
+    out = run_verifier(REGISTRY["json_schema"], Sample('```json\n"x"\n```'),
+                       {"schema": schema}, {})
+    assert out.error == FailureKind.invalid_reference, out
+    assert "refers to itself without end" in out.detail["message"]
+
+
+@pytest.mark.parametrize("depth", [65, 900])
+def test_an_output_too_deep_to_check_is_scored_zero_never_excluded(depth: int) -> None:
+    """Row 11: a recursive schema and a 900-deep output gave an `error` cell (advantage 0),
+    so a model could dodge a negative advantage. Now a reward of 0 with a typed rule."""
+    completion = "[" * depth + "]" * depth
+    out = run_verifier(REGISTRY["json_schema"], Sample(completion),
+                       {"schema": {"items": {"$ref": "#"}}, "expected": []}, {})
+    assert out.ok and out.reward == 0.0, out
+    assert out.detail["rule"] == "unverifiable"
+    assert set(out.detail["parts"].values()) == {0.0}
+    calls = json.dumps({"name": "f", "arguments": {"a": json.loads(completion)}})
+    tool = {"name": "f", "parameters": {"type": "object", "properties": {"a": {}}}}
+    out = run_verifier(REGISTRY["tool_call"], Sample(calls),
+                       {"tools": [tool], "calls": [{"name": "f", "arguments": {"a": []}}]}, {})
+    assert out.ok and out.detail["parts"]["arguments"] == 0.0, out
+
+
+def test_an_output_at_the_depth_limit_is_checked() -> None:
+    completion = "[" * 64 + "]" * 64
+    out = run_verifier(REGISTRY["json_schema"], Sample(completion),
+                       {"schema": {"items": {"$ref": "#"}}}, {})
+    assert out.ok and out.detail["parts"]["schema"] == 1.0, out
+
+
+def _big_schema(seed: int, chars: int) -> dict:
+    props, schema = {}, {"type": "object", "properties": {}}
+    while len(json.dumps(schema, separators=(",", ":"))) < chars:
+        props[f"p{seed}_{len(props)}"] = {"type": "array", "items": {"type": "integer"}}
+        schema = {"type": "object", "properties": props}
+    return schema
+
+
+def test_schema_checks_in_the_api_are_bounded_by_a_cpu_budget_and_cached() -> None:
+    """Row 7: each distinct schema was checked in the API, uncached by content: a budget of
+    the request's CPU, a size above which the worker checks instead, a verdict cache."""
+    from rewardd.verifiers.structured_match import (INLINE_SCHEMA_CHARS, check_budget,
+                                                    check_schema, verdicts)
+    verdicts.clear()
+    bad = {"type": "objekt", "properties": {"x": {"type": "string"}}}
+    with check_budget(0.0) as budget:  # spent: left to the worker
+        assert check_schema(bad) is None and budget.deferred == 1
+    with check_budget(5.0) as budget:
+        assert check_schema(bad) and budget.deferred == 0
+        big = {**_big_schema(1, INLINE_SCHEMA_CHARS + 100), "type": "objekt"}
+        assert check_schema(big) is None and budget.deferred == 1  # too big to check here
+        spent = budget.cpu_s
+    with check_budget(0.0) as budget:  # a verdict found once is known by its content
+        assert check_schema(bad) and budget.deferred == 0
+    assert spent < 5.0
+    assert check_schema(big)  # outside a budget (a worker): every schema is checked

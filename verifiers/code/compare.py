@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from rewardd.verifiers.code.lift import Expectation
 
 CompareMode = Literal["exact", "lines", "tokens"]
 
@@ -140,28 +141,11 @@ def values_equal(got: Any, expected: Any, tol: float | None = None) -> bool:
 
 
 ExpectationKind = Literal["stdout", "equal", "order", "member", "close", "completed"]
+"""The kinds of :class:`~rewardd.verifiers.code.lift.Expectation` (defined there, so the
+lifting program, which runs in the sandbox and imports only the standard library, builds the
+same ones)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """What one test's result must be; built from the reference, never sent to the sandbox.
-
-    ``stdout``: the output matches ``value`` (text) under the stdout rules. ``equal``: the
-    value equals ``value``. ``order``: ``got <op> value`` with ``op`` one of ``<``, ``<=``,
-    ``>``, ``>=``, ``!=``. ``member``: ``got in value`` (``op`` is ``in`` or ``not in``).
-    ``close``: with ``op`` ``isclose``, ``math.isclose(got, value, rel_tol, abs_tol)``; with
-    ``op`` ``<`` or ``<=`` (the ``abs(x - c) < tol`` form), ``|got - value| op abs_tol``;
-    ``got`` must be a number. ``completed``: a ``script`` test
-    ran to its end. ``source`` is the assert it came from (for ``detail``). The value is shared
-    by every call that uses a cached spec: it is never mutated.
-    """
-
-    kind: ExpectationKind
-    value: Any = None
-    op: str = ""
-    rel_tol: float = 0.0
-    abs_tol: float = 0.0
-    source: str = ""
 
 
 _ORDER = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b,

@@ -49,6 +49,13 @@ class SandboxSettings(BaseSettings):
         "testlib.h there for testlib checkers such as CodeContests+'s. It must be readable "
         "by any user (the compiler runs as the run's own uid). Unset: none.")
 
+    # --- issue 28: untrusted code is parsed only inside the sandbox
+    sandbox_parse_memory_mb: int = Field(
+        1024, ge=64, le=16384, description="Memory (MiB) of the sandbox run that reads a "
+        "reference's assert-style `test_code` (parsing Python takes ~600 bytes per byte of "
+        "code): test code whose parsing needs more is `invalid_reference`. Protects the "
+        "worker, which never parses it itself. At most REWARDD_SANDBOX_MAX_MEMORY_MB.")
+
     @field_validator("sandbox_include_dir")
     @classmethod
     def _a_directory(cls, value: str | None) -> str | None:

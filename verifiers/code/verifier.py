@@ -13,10 +13,11 @@ keyed by the reference's canonical JSON (and the language override).
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Collection, Literal, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -29,10 +30,12 @@ from rewardd.verifiers.code.compare import (CompareMode, Expectation, decode, st
 from rewardd.verifiers.code.extract import extract_code
 from rewardd.verifiers.code.sandbox import SandboxUnavailable, get_sandbox, isolation
 from rewardd.verifiers.code.settings import sandbox_settings
-from rewardd.verifiers.code.spec import Spec, parse_reference, unknown_keys
+from rewardd.verifiers.code.spec import Spec, TestCodeTimedOut, parse_reference, unknown_keys
 from rewardd.verifiers.code.types import Language, Limits, Program, TestResult
 
 _SPEC_CACHE_SIZE = 256
+_SPEC_CACHE_BYTES = 32 << 20
+"""References (canonical JSON) whose specs a worker keeps; a spec is about its size again."""
 _PREVIEW = 200
 _DETAILED_FAILURES = 10
 """Failed tests that keep their previews and messages in ``detail``; later failures keep only
@@ -139,13 +142,66 @@ def _ceiling(param: str) -> tuple[str, float]:
 # ---------------------------------------------------------------------------- spec cache
 
 
-@functools.lru_cache(maxsize=_SPEC_CACHE_SIZE)
-def _cached_spec(canonical: str, language: Language | None) -> Spec | str:
+class _Specs:
+    """Parsed specs (or InvalidReference messages) by the SHA-256 of the reference's
+    canonical JSON and the language: LRU, at most :data:`_SPEC_CACHE_SIZE` entries and
+    :data:`_SPEC_CACHE_BYTES` of references, so distinct 1 MB test codes cannot pile up in a
+    worker (the key is a digest; the reference's text is not kept)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[bytes, Language | None], tuple[Spec | str, int]] = \
+            OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+        """Lookups that found a spec, and that did not (for tests and diagnostics)."""
+
+    def get(self, key: tuple[bytes, Language | None]) -> Spec | str | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, key: tuple[bytes, Language | None], spec: Spec | str, size: int) -> None:
+        with self._lock:
+            if key in self._entries:
+                self._bytes -= self._entries.pop(key)[1]
+            self._entries[key] = (spec, size)
+            self._bytes += size
+            while len(self._entries) > 1 and (len(self._entries) > _SPEC_CACHE_SIZE
+                                              or self._bytes > _SPEC_CACHE_BYTES):
+                self._bytes -= self._entries.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+
+_specs = _Specs()
+
+
+def _parsed(canonical: str, language: Language | None) -> Spec | str:
     """The parsed spec, or the InvalidReference message (cached either way)."""
-    try:
-        return parse_reference(json.loads(canonical), language)
-    except InvalidReference as exc:
-        return str(exc)
+    key = (hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).digest(), language)
+    spec = _specs.get(key)
+    if spec is None:
+        try:
+            spec = parse_reference(json.loads(canonical), language)
+        except TestCodeTimedOut:
+            raise  # a busy machine's slow parse is tried again next time
+        except InvalidReference as exc:
+            spec = str(exc)
+        _specs.put(key, spec, len(canonical))
+    return spec
 
 
 def load_spec(reference: Mapping[str, Any], language: Language | None = None) -> Spec:
@@ -155,14 +211,14 @@ def load_spec(reference: Mapping[str, Any], language: Language | None = None) ->
                                ensure_ascii=False)
     except (TypeError, ValueError):  # not JSON data (bytes from msgpack, say): no caching
         return parse_reference(reference, language)
-    spec = _cached_spec(canonical, language)
+    spec = _parsed(canonical, language)
     if isinstance(spec, str):
         raise InvalidReference(spec)
     return spec
 
 
 def clear_caches() -> None:
-    _cached_spec.cache_clear()
+    _specs.clear()
 
 
 # ---------------------------------------------------------------------------- judging
@@ -312,6 +368,8 @@ class CodeVerifier(Verifier):
                    "operator set REWARDD_SANDBOX_INCLUDE_DIR",
     }
     Params = CodeParams
+    code_fields = (("test_code",), ("checker", "code"))
+    """Reference fields holding code, capped by size at the API (REWARDD_MAX_CODE_FIELD_BYTES)."""
 
     def warm_up(self) -> None:
         # Imports only (done above at module import). Starting the sandbox here would make
@@ -320,7 +378,10 @@ class CodeVerifier(Verifier):
 
     def verify(self, sample: Sample, reference: Mapping[str, Any],
                params: CodeParams) -> Outcome:
-        spec = load_spec(reference, params.language)
+        try:  # assert-style test code is read by a sandbox run of its own
+            spec = load_spec(reference, params.language)
+        except SandboxUnavailable as exc:
+            return Outcome.failure(FailureKind.unavailable, str(exc) or "no sandbox")
         tests, expected = spec.tests, spec.expected
         if params.max_tests is not None:
             tests, expected = tests[:params.max_tests], expected[:params.max_tests]
