@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import grpc
 import httpx
+import redis
 
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
@@ -41,6 +42,10 @@ GROUPS, GROUP_SIZE = 5000, 16
 """Row 3's history: 5,000 group events of about 6 KB (31 MB stored)."""
 LATE_STREAMS = 10
 WATCHERS = 1000
+STATE_DB = 8
+"""Row 8's jobs live in Redis, as on a shared deployment (each old poll was two round trips);
+a database of its own (see tests/unit/test_last_event_id.py for the others)."""
+STATE_URL = f"redis://127.0.0.1:6379/{STATE_DB}"
 
 
 def session_groups(start: int, count: int) -> list[dict[str, Any]]:
@@ -134,10 +139,12 @@ def sleeping_job(http: httpx.Client) -> str:
 
 def test_a_thousand_watchers_of_one_job_share_one_poll_and_the_next_is_refused(
         tmp_path: Path) -> None:
+    redis.Redis.from_url(STATE_URL, socket_connect_timeout=3).flushdb()
     port = free_port()
     metadata = (("authorization", f"Bearer {HOSTILE_KEY}"),)
     with abuse_server(*FAULTY, "--grpc-port", str(port), "--max-verifier-timeout-s", "600",
-                      env={"REWARDD_TENANT_MAX_STREAMS": str(WATCHERS)},
+                      env={"REWARDD_TENANT_MAX_STREAMS": str(WATCHERS),
+                           "REWARDD_STATE_URL": STATE_URL},
                       tmp_dir=tmp_path) as server, \
             httpx.Client(base_url=server.url, headers=HOSTILE, timeout=600) as http, \
             contextlib.ExitStack() as stack:
