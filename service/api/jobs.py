@@ -40,6 +40,10 @@
   (it used to answer 200 and then cut the stream off on Redis). A comment line (``: keep-alive``) goes out after 15 s of
   silence, so proxies do not cut an idle stream.
 
+  A tenant holds at most ``REWARDD_TENANT_MAX_STREAMS`` (64) open event streams (this one,
+  session streams and gRPC WatchJob) per API process; past it the answer is **429** with
+  ``Retry-After``, before the stream starts.
+
 * ``DELETE /v1/jobs/{id}``: cancel. Idempotent: always **200** with the job as GET shows it
   (without ``result``). An active job becomes ``cancelled`` at once (its runner, on
   whichever pod, stops within about a second); a job that already finished keeps its final

@@ -16,6 +16,11 @@ group. Built under issue #18; the work is :mod:`rewardd.service.sessions`' (see 
   /v1/sessions/{id}``: state / cancel.
 
 A session belongs to the tenant that opened it; for others it does not exist (404).
+
+Requests that stay open are held against the tenant's bounds on this API process (429 with
+``Retry-After`` past them, before they start): the event stream against
+``REWARDD_TENANT_MAX_STREAMS`` (64, with job streams), a group wait with ``wait_s > 0`` and the
+close (it waits for the batch) against ``REWARDD_TENANT_MAX_LONG_POLLS`` (64).
 """
 
 from __future__ import annotations
