@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 import orjson
 
@@ -26,6 +26,13 @@ KEEP_ALIVE = b": keep-alive\n\n"
 """The SSE comment line a quiet stream sends every :data:`HEARTBEAT_S`."""
 
 LAST_EVENT_ID: Loc = ("header", "Last-Event-ID")
+
+PAGE_EVENTS = 100
+"""A stream reads its stored history at most this many events at a time (and the next page
+only after this one went to its client), so a slow or stalled reader holds one page, never
+the whole history (:mod:`rewardd.service.eventfeed`)."""
+PAGE_BYTES = 1024 * 1024
+"""...and at most this many bytes of events per page (at least one event, however big)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,31 @@ def decode_event(seq: int, raw: bytes) -> Event:
     """The stored form back as the ``seq``-th event of its stream."""
     kind, _, data = raw.partition(b"\n")
     return Event(seq, kind.decode(), data)
+
+
+def decode_page(raws: Iterable[bytes], after: int, max_bytes: int = PAGE_BYTES
+                ) -> list[Event]:
+    """Stored events ``raws`` (the ones after id ``after``, in order) decoded up to
+    ``max_bytes`` of them: at least the first, then while the page stays under the bound."""
+    page: list[Event] = []
+    size = 0
+    for seq, raw in enumerate(raws, start=after + 1):
+        if page and size + len(raw) > max_bytes:
+            break
+        page.append(decode_event(seq, raw))
+        size += len(raw)
+    return page
+
+
+async def read_redis_list(client: Any, list_key: str, after: int, limit: int | None
+                          ) -> list[Event]:
+    """The events after id ``after`` of the Redis list ``list_key`` (jobs' and sessions'
+    stores); with ``limit``, one page (:func:`decode_page`) read with one bounded LRANGE."""
+    end = -1 if limit is None else after + max(1, limit) - 1
+    raw = await client.lrange(list_key, after, end)
+    if limit is not None:
+        return decode_page(raw, after)
+    return [decode_event(seq, item) for seq, item in enumerate(raw, start=after + 1)]
 
 
 def sse(event_id: int | None, kind: str, data: bytes) -> bytes:

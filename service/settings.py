@@ -147,6 +147,18 @@ class Settings(WorkerSettings):
         "its time limit: a bad one is then `invalid_reference` instead of a 422. Protects "
         "the API's CPU.")
 
+    # ---- event streams and long polls (issue 28, rows 3 and 8) ----
+    tenant_max_streams: int = Field(
+        64, ge=1, description="Event streams (GET /v1/jobs/{id}/events, GET "
+        "/v1/sessions/{id}/events, gRPC WatchJob) one tenant may hold open at once on one "
+        "API process; beyond it: 429 with Retry-After (gRPC RESOURCE_EXHAUSTED) before the "
+        "stream starts. Bounds the memory and wake-ups one tenant's watchers cost a process.")
+    tenant_max_long_polls: int = Field(
+        64, ge=1, description="Long polls (GET /v1/sessions/{id}/groups/{group_id} with "
+        "wait_s > 0, POST /v1/sessions/{id}/close waiting for its batch) one tenant may "
+        "hold at once on one API process; beyond it: 429 with Retry-After. Bounds the "
+        "requests one tenant can park on a process.")
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""

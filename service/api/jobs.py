@@ -40,6 +40,10 @@
   (it used to answer 200 and then cut the stream off on Redis). A comment line (``: keep-alive``) goes out after 15 s of
   silence, so proxies do not cut an idle stream.
 
+  A tenant holds at most ``REWARDD_TENANT_MAX_STREAMS`` (64) open event streams (this one,
+  session streams and gRPC WatchJob) per API process; past it the answer is **429** with
+  ``Retry-After``, before the stream starts.
+
 * ``DELETE /v1/jobs/{id}``: cancel. Idempotent: always **200** with the job as GET shows it
   (without ``result``). An active job becomes ``cancelled`` at once (its runner, on
   whichever pod, stops within about a second); a job that already finished keeps its final
@@ -60,8 +64,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
+from rewardd.service.api.streaming import STREAMS_BUSY, EventStreamResponse
 from rewardd.service.codec import read_model, render, wants_msgpack
 from rewardd.service.events import KEEP_ALIVE, sse
+from rewardd.service.holds import StreamHold
 from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick, JobService
 from rewardd.service.jobs.store import Job
 from rewardd.service.models import ErrorResponse, JobStatus, JobSubmitted, ScoreRequest
@@ -174,7 +180,7 @@ async def _stream(jobs: JobService, job_id: str, after: int) -> AsyncIterator[by
                              "terminal `succeeded`/`failed`/`cancelled` event (see the "
                              "jobs documentation).",
                              "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-                       **NOT_FOUND, **BAD_EVENT_ID})
+                       **NOT_FOUND, **BAD_EVENT_ID, **STREAMS_BUSY})
 async def events(job_id: str, services: ServicesDep,
                  tenant: Tenant = Depends(current_tenant),
                  last_event_id: str | None = Header(
@@ -185,6 +191,5 @@ async def events(job_id: str, services: ServicesDep,
     jobs = services.jobs
     job = await jobs.own(tenant, job_id)
     after = await jobs.resume_after(job.id, last_event_id)
-    return StreamingResponse(_stream(jobs, job.id, after),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    hold = StreamHold(services.runtime, tenant.name)  # 429 past the tenant's bound
+    return EventStreamResponse(_stream(jobs, job.id, after), hold)

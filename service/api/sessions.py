@@ -16,6 +16,11 @@ group. Built under issue #18; the work is :mod:`rewardd.service.sessions`' (see 
   /v1/sessions/{id}``: state / cancel.
 
 A session belongs to the tenant that opened it; for others it does not exist (404).
+
+Requests that stay open are held against the tenant's bounds on this API process (429 with
+``Retry-After`` past them, before they start): the event stream against
+``REWARDD_TENANT_MAX_STREAMS`` (64, with job streams), a group wait with ``wait_s > 0`` and the
+close (it waits for the batch) against ``REWARDD_TENANT_MAX_LONG_POLLS`` (64).
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from starlette.convertors import Convertor, register_url_convertor
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, msgpack_content, responses
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
+from rewardd.service.api.streaming import LONG_POLLS_BUSY, STREAMS_BUSY, EventStreamResponse
 from rewardd.service.codec import read_model, render
 from rewardd.service.events import KEEP_ALIVE, resume_after, sse
+from rewardd.service.holds import StreamHold, long_poll
 from rewardd.service.models import (ErrorResponse, SessionAccepted, SessionClosed,
                                     SessionGroupWait, SessionOpened, SessionRollouts,
                                     SessionSpec, SessionState)
@@ -129,12 +136,15 @@ async def cancel_session(session_id: str, request: Request, services: ServicesDe
 
 
 @router.post("/sessions/{session_id}/close", response_model=None,
-             summary="End the step: the batch's advantages", responses=_ok(SessionClosed))
+             summary="End the step: the batch's advantages",
+             responses={**_ok(SessionClosed), **LONG_POLLS_BUSY})
 async def close_session(session_id: str, request: Request, services: ServicesDep,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
     """Open groups complete from what arrived; once every check settled, the /v1/score
     response over the completed groups (batch-level estimators computed now)."""
-    return render(request, await services.sessions.close(tenant, session_id))
+    async with long_poll(services.runtime, tenant.name):  # it waits for the checks
+        closed = await services.sessions.close(tenant, session_id)
+    return render(request, closed)
 
 
 @router.post("/sessions/{session_id}/groups/{group_id:group_id}/close", response_model=None,
@@ -147,7 +157,8 @@ async def close_group(session_id: str, group_id: str, request: Request, services
 
 
 @router.get("/sessions/{session_id}/groups/{group_id:group_id}", response_model=None,
-            summary="A group's result (long-poll)", responses=_ok(SessionGroupWait))
+            summary="A group's result (long-poll)",
+            responses={**_ok(SessionGroupWait), **LONG_POLLS_BUSY})
 async def wait_group(session_id: str, group_id: str, request: Request, services: ServicesDep,
                      tenant: Tenant = Depends(current_tenant),
                      wait_s: float = Query(0.0, ge=0, le=MAX_WAIT_S,
@@ -155,7 +166,8 @@ async def wait_group(session_id: str, group_id: str, request: Request, services:
                                            "to complete.")) -> Response:
     """The group's object once complete; `complete: false` if it is not within `wait_s`."""
     manager = services.sessions
-    group = await manager.wait_group(tenant, session_id, group_id, wait_s)
+    async with long_poll(services.runtime, tenant.name, waits=wait_s > 0):
+        group = await manager.wait_group(tenant, session_id, group_id, wait_s)
     if group is None and not await manager.known_group(session_id, group_id):
         raise SessionNotFound(f"no group {group_id!r} in session {session_id}")
     return render(request, {"group_id": group_id, "complete": group is not None,
@@ -180,7 +192,7 @@ SSE_EVENT = {
             responses={200: {"description": "text/event-stream: `group` events, then "
                              "`closed`.",
                              "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-                       **NOT_FOUND,
+                       **NOT_FOUND, **STREAMS_BUSY,
                        422: {"model": ErrorResponse, "description": "`Last-Event-ID` is not "
                              "an id this session's stream has sent."}})
 async def session_events(session_id: str, request: Request, services: ServicesDep,
@@ -200,6 +212,6 @@ async def session_events(session_id: str, request: Request, services: ServicesDe
             else:
                 yield sse(event.seq, event.kind, event.data)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    hold = StreamHold(services.runtime, tenant.name)  # 429 past the tenant's bound
+    return EventStreamResponse(stream(), hold)
 

@@ -27,6 +27,7 @@ from rewardd.service.grpc import convert
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
 from rewardd.service.grpc.errors import abort_with, status_of
+from rewardd.service.holds import StreamHold
 from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick
 from rewardd.service.jobs.store import FINAL, Job
 from rewardd.service.models import (AdvantagesRequest, RewardsRequest, ScoreRequest,
@@ -207,20 +208,26 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                        context: Any) -> AsyncIterator[pb.JobEvent]:
         jobs = self.services.jobs
 
-        async def start(tenant: Tenant) -> tuple[Job, int]:
+        async def start(tenant: Tenant) -> tuple[Job, int, StreamHold]:
             job = await jobs.own(tenant, request.id)
             after = str(request.after) if request.HasField("after") else None
-            return job, await jobs.resume_after(job.id, after, ("after",))
+            after_id = await jobs.resume_after(job.id, after, ("after",))
+            # RESOURCE_EXHAUSTED past the tenant's bound, before the stream starts
+            return job, after_id, StreamHold(self.services.runtime, tenant.name)
 
-        job, after = await self._call(context, start)
-        async for item in jobs.watch(job.id, after):
-            if item is None:  # a heartbeat: gRPC has its own keepalive
-                continue
-            if isinstance(item, JobProgressTick):
-                yield pb.JobEvent(progress=pb.JobProgress(done=item.done, total=item.total))
-                continue
-            data = orjson.loads(item.data)
-            if item.kind in FINAL:
-                yield pb.JobEvent(seq=item.seq, end=convert.message_of(pb.JobEnd, data))
-            else:
-                yield pb.JobEvent(seq=item.seq, group=convert.message_of(pb.GroupEvent, data))
+        job, after, hold = await self._call(context, start)
+        try:
+            async for item in jobs.watch(job.id, after):
+                if item is None:  # a heartbeat: gRPC has its own keepalive
+                    continue
+                if isinstance(item, JobProgressTick):
+                    yield pb.JobEvent(progress=pb.JobProgress(done=item.done, total=item.total))
+                    continue
+                data = orjson.loads(item.data)
+                if item.kind in FINAL:
+                    yield pb.JobEvent(seq=item.seq, end=convert.message_of(pb.JobEnd, data))
+                else:
+                    yield pb.JobEvent(seq=item.seq,
+                                      group=convert.message_of(pb.GroupEvent, data))
+        finally:
+            hold.release()

@@ -9,6 +9,7 @@ client sees (idempotency keys, event kinds, ``Last-Event-ID``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
@@ -20,6 +21,7 @@ import orjson
 from rewardd.advantages.errors import Loc, RequestInvalid, error
 from rewardd.service import events, pipeline
 from rewardd.service.errors import NotFound
+from rewardd.service.eventfeed import Changed, Feeds
 from rewardd.service.events import Event
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.jobs.runner import JobRunner
@@ -31,7 +33,9 @@ from rewardd.service.tenancy import Tenant
 IDEMPOTENCY_KEY_MAX = 255
 """Longest ``Idempotency-Key`` (REST header, gRPC field) a submit may carry."""
 STREAM_POLL_S = 0.25
-"""A job's watchers read its store this often (events, progress)."""
+"""A job's watchers in this process (all of them together) probe its store this often."""
+_Progress = tuple[str, int, int]
+"""What a job's watchers need of its record: (state, done, total)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,8 @@ class JobService:
         self.runtime = runtime
         self.store = store
         self.runner = JobRunner(runtime, store)
+        self.feeds: Feeds[_Progress | None] = Feeds(lambda: STREAM_POLL_S)
+        """This process's watchers of each job, one store probe per job per tick."""
 
     async def submit(self, tenant: Tenant, req: ScoreRequest,
                      idempotency_key: str | None) -> tuple[Job, bool]:
@@ -119,6 +125,7 @@ class JobService:
             job = await self.store.finish(job, "cancelled") or job
             # this pod's runner at once; others notice at their next lease renewal
             self.runner.cancel(job.id, "cancelled")
+            self.feeds.poke(job.id)
         return job
 
     async def resume_after(self, job_id: str, header: str | None,
@@ -131,28 +138,33 @@ class JobService:
         """The job's stored events after ``after`` as they happen, a :class:`JobProgressTick`
         when progress changed between them, ``None`` after ``heartbeat_s`` (default
         :data:`rewardd.service.events.HEARTBEAT_S`) of silence; ends after the terminal
-        event (or at once for a job that expired or already ended)."""
+        event (or at once for a job that expired or already ended).
+
+        Every watcher of the job in this process shares one :class:`~rewardd.service.
+        eventfeed.Feed` (one store probe per tick, not one per watcher) and reads the
+        history in pages (:mod:`rewardd.service.eventfeed`)."""
         heartbeat_s = events.HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         store = self.store
-        loop = asyncio.get_running_loop()
-        quiet_since = loop.time()
+
+        async def probe() -> tuple[int, _Progress | None]:
+            job = await store.get(job_id)  # before the count: a final state read here has
+            last = await store.last_event(job_id)  # its terminal event counted
+            return last, (job.state, job.done, job.total) if job is not None else None
+
+        async def read(start: int, limit: int) -> list[Event]:
+            return await store.events(job_id, start, limit)
+
         last_progress: tuple[int, int] | None = None
-        while True:
-            job = await store.get(job_id)  # before the events: a final state read here has
-            found = await store.events(job_id, after)  # its terminal event in this read
-            for event in found:
-                yield event
-                after = event.seq
-                quiet_since = loop.time()
-                if event.kind in FINAL:
+        follow = self.feeds.follow(job_id, probe, read, after, heartbeat_s,
+                                   lambda event: event.kind in FINAL)
+        async with contextlib.aclosing(follow) as items:  # leave the feed as we end
+            async for item in items:
+                if not isinstance(item, Changed):
+                    yield item
+                    continue
+                job = item.state
+                if job is None or job[0] in FINAL:  # expired, or the client saw the end
                     return
-            if job is None or job.state in FINAL:  # expired, or the client saw the end
-                return
-            if (job.done, job.total) != last_progress:
-                last_progress = (job.done, job.total)
-                yield JobProgressTick(job.done, job.total)
-                quiet_since = loop.time()
-            elif loop.time() - quiet_since >= heartbeat_s:
-                yield None
-                quiet_since = loop.time()
-            await asyncio.sleep(STREAM_POLL_S)
+                if job[1:] != last_progress:
+                    last_progress = job[1:]
+                    yield JobProgressTick(*last_progress)

@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rewardd.service.events import Event, decode_event, encode_event
+from rewardd.service.events import (Event, decode_event, decode_page, encode_event,
+                                    read_redis_list)
 from rewardd.service.timestamps import iso
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
@@ -175,8 +176,11 @@ class JobStore(abc.ABC):
         key the TTL. A job already final stays as it was. Returns the job afterwards."""
 
     @abc.abstractmethod
-    async def events(self, job_id: str, after: int = 0) -> list[Event]:
-        """Events with ``seq > after``, in order."""
+    async def events(self, job_id: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
+        """Events with ``seq > after``, in order; with ``limit``, one page of them: at most
+        ``limit`` events and :data:`~rewardd.service.events.PAGE_BYTES` bytes (at least one
+        event when there is one), what a stream reads at a time."""
 
     @abc.abstractmethod
     async def last_event(self, job_id: str) -> int:
@@ -324,12 +328,15 @@ class MemoryJobStore(JobStore):
                 entry.expires = time.monotonic() + self.ttl_s
             return _copy(current)
 
-    async def events(self, job_id: str, after: int = 0) -> list[Event]:
+    async def events(self, job_id: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
         entry = self._live(job_id)
         if entry is None:
             return []
-        return [decode_event(seq, raw)
-                for seq, raw in enumerate(entry.events[after:], start=after + 1)]
+        if limit is None:
+            return [decode_event(seq, raw)
+                    for seq, raw in enumerate(entry.events[after:], start=after + 1)]
+        return decode_page(entry.events[after:after + max(1, limit)], after)
 
     async def last_event(self, job_id: str) -> int:
         entry = self._live(job_id)
@@ -552,9 +559,9 @@ class RedisJobStore(JobStore):
             self.ttl_s, "" if done is None else done])
         return await self.get(job.id)
 
-    async def events(self, job_id: str, after: int = 0) -> list[Event]:
-        raw = await self.client.lrange(job_key(job_id, "events"), after, -1)
-        return [decode_event(seq, item) for seq, item in enumerate(raw, start=after + 1)]
+    async def events(self, job_id: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
+        return await read_redis_list(self.client, job_key(job_id, "events"), after, limit)
 
     async def last_event(self, job_id: str) -> int:
         return int(await self.client.llen(job_key(job_id, "events")))

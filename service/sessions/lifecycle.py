@@ -12,11 +12,13 @@ its ``closed`` event, after which the session's keys get ``session_ttl_s``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import AsyncIterator
 
 import orjson
 
+from rewardd.service.eventfeed import Changed
 from rewardd.service.events import HEARTBEAT_S, Event, encode_event
 from rewardd.service.sessions.checking import Checker, GroupRef
 from rewardd.service.sessions.errors import SessionNotFound
@@ -98,24 +100,31 @@ class Lifecycle:
     async def events(self, tenant: str, sid: str, after: int,
                      heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[Event | None]:
         """Stored events after ``after`` as they come (``None``: a heartbeat after
-        ``heartbeat_s`` of silence); ends after the ``closed`` event."""
+        ``heartbeat_s`` of silence); ends after the ``closed`` event.
+
+        Every stream of the session in this process shares one probe of the store per
+        change or :data:`POLL_S`, and reads the history in pages
+        (:mod:`rewardd.service.eventfeed`): a late reader that never reads holds one page."""
         pod = self.pod
         await pod.own(tenant, sid)
-        loop = asyncio.get_running_loop()
-        quiet = loop.time()
-        while True:
-            record = await pod.store.record(sid)
-            for event in await pod.store.events(sid, after):
-                yield event
-                after, quiet = event.seq, loop.time()
-                if event.kind == "closed":
+        store = pod.store
+
+        async def probe() -> tuple[int, bool | None]:
+            record = await store.record(sid)  # before the count: an ended state read here
+            last = await store.last_event(sid)  # has its closed event counted
+            return last, record.state.ended if record is not None else None
+
+        async def read(start: int, limit: int) -> list[Event]:
+            return await store.events(sid, start, limit)
+
+        follow = pod.feeds.follow(sid, probe, read, after, heartbeat_s,
+                                  lambda event: event.kind == "closed")
+        async with contextlib.aclosing(follow) as items:  # leave the feed as we end
+            async for item in items:
+                if not isinstance(item, Changed):
+                    yield item
+                elif item.state is None or item.state:  # gone, or ended without `closed`
                     return
-            if record is None or record.state.ended:
-                return
-            if loop.time() - quiet >= heartbeat_s:
-                yield None
-                quiet = loop.time()
-            await pod.wait_change(sid, POLL_S)
 
     async def finish_closing(self, sid: str) -> bool:
         """Close every open group of a closing session; once all are done, compute the

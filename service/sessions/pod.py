@@ -17,6 +17,7 @@ import socket
 import uuid
 from typing import Any, Coroutine
 
+from rewardd.service.eventfeed import Feeds
 from rewardd.service.models import SessionSpec
 from rewardd.service.runtime import Runtime
 from rewardd.service.sessions.errors import SessionNotFound
@@ -45,6 +46,9 @@ class Pod:
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._specs: dict[str, SessionSpec] = {}
+        self.feeds: Feeds[bool | None] = Feeds(lambda: POLL_S)
+        """This pod's event streams of each session, one store probe per session per tick
+        (state: whether the session ended, None once it is gone)."""
 
     @property
     def settings(self) -> Settings:
@@ -103,6 +107,7 @@ class Pod:
 
     def notify(self, sid: str) -> None:
         """This pod changed the session: wake its waiters here at once."""
+        self.feeds.poke(sid)
         event = self._changed.pop(sid, None)
         if event is not None:
             event.set()

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import orjson
 
-from rewardd.service.events import Event, decode_event
+from rewardd.service.events import Event, read_redis_list
 from rewardd.service.sessions.records import GroupRecord, SessionRecord
 from rewardd.service.sessions.quota import Refusal, StoreLimits
 from rewardd.service.sessions.redis_quota import SESSION_PARTS, RedisLedger
@@ -195,9 +195,9 @@ class RedisStore(SessionStore):
         return {gid: GroupRecord.from_json(orjson.loads(v))
                 for gid, v in zip(ids, values) if v is not None}
 
-    async def events(self, sid: str, after: int = 0) -> list[Event]:
-        raw = await self.client.lrange(key(sid, "events"), after, -1)
-        return [decode_event(seq, item) for seq, item in enumerate(raw, start=after + 1)]
+    async def events(self, sid: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
+        return await read_redis_list(self.client, key(sid, "events"), after, limit)
 
     async def last_event(self, sid: str) -> int:
         return int(await self.client.llen(key(sid, "events")))

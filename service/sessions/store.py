@@ -38,7 +38,7 @@ import contextlib
 import time
 from typing import Awaitable, Callable, TypeVar
 
-from rewardd.service.events import Event, decode_event
+from rewardd.service.events import Event, decode_event, decode_page
 from rewardd.service.sessions.quota import Ledger, Refusal, StoreLimits
 from rewardd.service.sessions.records import GroupRecord, SessionPhase, SessionRecord
 
@@ -91,7 +91,11 @@ class SessionStore(abc.ABC):
         inside :meth:`update_group`."""
 
     @abc.abstractmethod
-    async def events(self, sid: str, after: int = 0) -> list[Event]: ...
+    async def events(self, sid: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
+        """Events after id ``after``, in order; with ``limit``, one page of them: at most
+        ``limit`` events and :data:`~rewardd.service.events.PAGE_BYTES` bytes (at least one
+        event when there is one), what a stream reads at a time."""
 
     @abc.abstractmethod
     async def last_event(self, sid: str) -> int: ...
@@ -282,9 +286,12 @@ class MemoryStore(SessionStore):
             return dict(table)
         return {gid: table[gid] for gid in ids if gid in table}
 
-    async def events(self, sid: str, after: int = 0) -> list[Event]:
-        return [decode_event(seq, raw) for seq, raw in
-                enumerate(self._events.get(sid, [])[after:], start=after + 1)]
+    async def events(self, sid: str, after: int = 0, limit: int | None = None
+                     ) -> list[Event]:
+        stored = self._events.get(sid, [])
+        if limit is not None:
+            return decode_page(stored[after:after + max(1, limit)], after)
+        return [decode_event(seq, raw) for seq, raw in enumerate(stored[after:], start=after + 1)]
 
     async def last_event(self, sid: str) -> int:
         return len(self._events.get(sid, []))
