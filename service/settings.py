@@ -102,8 +102,8 @@ class Settings(WorkerSettings):
     max_dense_tokens: int = Field(
         1 << 22, ge=1, description="Most per-token advantages one answer may carry with "
         "output `dense` or `rle` (both hold one number per token while computed): the sum of "
-        "num_tokens over a /v1/score, /v1/advantages, job or session request (more: 422 "
-        "naming body.groups). It bounds the answer one request can make the API build: a "
+        "num_tokens over a /v1/score, /v1/advantages or job request, and over all of a "
+        "session's adds (its close answers with them all); more: 422 naming body.groups. It bounds the answer one request can make the API build: a "
         "1.4 MB /v1/advantages body asking for 2^26 tokens became a 1.3 GB JSON answer and "
         "stalled every tenant's requests. 4,194,304 tokens is 1,024 rollouts of 4,096 tokens "
         "(an answer of ~80 MB of JSON); larger batches use output `scalar` or split.")

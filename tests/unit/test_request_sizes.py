@@ -17,7 +17,7 @@ from rewardd.service import pipeline
 from rewardd.service.app import create_app
 from rewardd.service.models import AdvantagesRequest
 from rewardd.service.settings import Settings
-from tests.support.executors import RefusingExecutor
+from tests.support.executors import GatedExecutor, RefusingExecutor
 
 LIMITS = {"max_dense_tokens": 100, "max_rollouts_per_request": 4}
 
@@ -107,3 +107,26 @@ def test_the_grpc_and_offline_entry_uses_the_settings_and_in_process_the_library
 
 def test_the_default_dense_bound_is_a_few_million_tokens():
     assert Settings().max_dense_tokens == 4_194_304
+
+
+def test_a_sessions_adds_together_are_bounded_by_the_answer_they_build():
+    """The close answers with every group's dense advantages: many small adds may not build
+    the answer one request may not (the tokens are counted per session, over every pod)."""
+    executor = GatedExecutor()
+    executor.gate.set()
+    with TestClient(create_app(Settings(pool_size=1, **LIMITS), executor=executor)) as client:
+        opened = client.post("/v1/sessions", json={
+            "rewards": [{"name": "acc", "verifier": "math"}], "group_size": 4,
+            "advantage": {"output": "dense"}})
+        sid = opened.json()["session_id"]
+
+        def add(group: str, tokens: int) -> Any:
+            return client.post(f"/v1/sessions/{sid}/rollouts", json={"groups": [
+                {"group_id": group, "reference": {"answer": "1"},
+                 "rollouts": rollouts(3, tokens)}]})
+
+        assert add("g0", 26).status_code == 200  # 78 tokens
+        msg = refusal(add("g1", 8))  # 102 > 100
+        assert f"session {sid} would answer with 102 tokens, over the limit of 100 " \
+               "(REWARDD_MAX_DENSE_TOKENS)" in msg
+        assert add("g1", 7).status_code == 200  # 99: the refused add was not counted
