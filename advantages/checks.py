@@ -15,6 +15,7 @@ there are more), so a batch of 10^6 bad rollouts costs the same to refuse as one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -26,7 +27,24 @@ from rewardd.advantages.profiles import pins_for
 from rewardd.advantages.registry import Kind, PinnedParam, get_entry, resolve_estimator
 
 MAX_TOKENS_PER_REQUEST = 1 << 27
-"""Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB."""
+"""Dense and rle advantages materialise one float64 per token: 134M tokens is 1 GiB. The
+in-process default; the server passes its own, much lower, bound (:class:`SizeLimits`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeLimits:
+    """What one request may make the advantage step hold, checked before any of it is
+    computed: ``max_tokens`` per-token advantages (dense or rle output; a 1.4 MB body
+    asking for 2^26 tokens became a 1.3 GB JSON answer) and ``max_rollouts`` rollouts (None:
+    no bound). ``*_setting``: the setting a refusal names (the server's ``REWARDD_*``)."""
+
+    max_tokens: int = MAX_TOKENS_PER_REQUEST
+    max_rollouts: int | None = None
+    tokens_setting: str | None = None
+    rollouts_setting: str | None = None
+
+
+DEFAULT_LIMITS = SizeLimits()
 PER_TOKEN_FIELDS = ("mask", "token_rewards", "values", "kl", "signal")
 SPAN_FIELDS = ("segments", "turns", "steps")
 
@@ -101,7 +119,46 @@ def check_rollout(rollout: Rollout, loc: Loc, needs_tokens: str | None) -> Itera
         yield from _check_spans(rollout.steps, n, loc + ("steps",), "step")
 
 
-def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> Iterator[dict]:
+def _over(total: int, limit: int | None, what: str, setting: str | None,
+          advice: str) -> Iterator[dict]:
+    """One 422 at ``body.groups`` when ``total`` ``what`` exceed ``limit`` (None: no bound),
+    naming the bound's setting when there is one."""
+    if limit is not None and total > limit:
+        named = f" ({setting})" if setting else ""
+        yield error(("body", "groups"), f"{total} {what} in one request is over the limit of "
+                    f"{limit}{named}{advice}")
+
+
+def check_rollout_count(groups: Sequence[Group], limits: SizeLimits) -> Iterator[dict]:
+    """At most ``limits.max_rollouts`` rollouts in the request (a 422 at ``body.groups``)."""
+    if limits.max_rollouts is not None:
+        yield from _over(sum(len(group.rollouts) for group in groups), limits.max_rollouts,
+                         "rollouts", limits.rollouts_setting,
+                         "; split the batch into several requests or jobs")
+
+
+def check_token_count(groups: Sequence[Group], needs_tokens: str | None,
+                      limits: SizeLimits) -> Iterator[dict]:
+    """At most ``limits.max_tokens`` per-token advantages in the answer when the output is
+    dense or rle (a 422 at ``body.groups`` naming the bound); counted from ``num_tokens``
+    before anything is computed."""
+    if needs_tokens:
+        yield from _over(sum(resolved_num_tokens(r) or 0 for g in groups for r in g.rollouts),
+                         limits.max_tokens, "tokens", limits.tokens_setting,
+                         f" for output {needs_tokens!r}; split the batch or use output "
+                         "'scalar'")
+
+
+def check_groups(groups: Sequence[Group], needs_tokens: str | None,
+                 limits: SizeLimits = DEFAULT_LIMITS) -> Iterator[dict]:
+    """The request's sizes (:func:`check_rollout_count`, :func:`check_token_count`), then
+    ids, per-token lengths and spans; a request over a size bound is refused for that
+    alone, without walking its rollouts further."""
+    oversized = [*check_rollout_count(groups, limits),
+                 *check_token_count(groups, needs_tokens, limits)]
+    if oversized:
+        yield from oversized
+        return
     seen_groups: dict[str, int] = {}
     seen_rollouts: dict[str, tuple[int, int]] = {}
     for gi, group in enumerate(groups):
@@ -118,12 +175,6 @@ def check_groups(groups: Sequence[Group], needs_tokens: str | None) -> Iterator[
                             f"{rollout.rollout_id!r} (first at groups[{first[0]}]."
                             f"rollouts[{first[1]}])")
             yield from check_rollout(rollout, rloc, needs_tokens)
-    if needs_tokens:
-        total = sum(resolved_num_tokens(r) or 0 for g in groups for r in g.rollouts)
-        if total > MAX_TOKENS_PER_REQUEST:
-            yield error(("body", "groups"), f"{total} tokens in one request is over the "
-                        f"limit of {MAX_TOKENS_PER_REQUEST} for output {needs_tokens!r}; "
-                        "split the batch or use output 'scalar'")
 
 
 def check_advantage(spec: AdvantageSpec, groups: Sequence[Group],
@@ -215,9 +266,9 @@ def tokens_needed_for(spec: AdvantageSpec | None) -> str | None:
     return spec.output if spec is not None and spec.output in ("dense", "rle") else None
 
 
-def validate_advantages(req: AdvantagesRequest) -> None:
+def validate_advantages(req: AdvantagesRequest, limits: SizeLimits = DEFAULT_LIMITS) -> None:
     """Every cross-field rule of a /v1/advantages body; raises RequestInvalid."""
-    raise_if(chain(check_groups(req.groups, tokens_needed_for(req.advantage)),
+    raise_if(chain(check_groups(req.groups, tokens_needed_for(req.advantage), limits),
                    check_advantage(req.advantage, req.groups, req.run_id),
                    _no_rewards(req.groups)))
 

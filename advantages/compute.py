@@ -24,7 +24,8 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from rewardd.advantages.checks import pydantic_errors, validate_advantages
+from rewardd.advantages.checks import (DEFAULT_LIMITS, SizeLimits, pydantic_errors,
+                                       validate_advantages)
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.advantages.models import AdvantagesRequest
 from rewardd.advantages.response import build_response
@@ -61,11 +62,12 @@ def parse_request(request: AdvantagesRequest | Mapping[str, Any]) -> AdvantagesR
         raise RequestInvalid(pydantic_errors(exc, ("body",))) from None
 
 
-def respond_to(request: AdvantagesRequest, run: Any = None) -> dict[str, Any]:
+def respond_to(request: AdvantagesRequest, run: Any = None,
+               limits: SizeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Validate a parsed request and build its response; ``run`` is a run-state scope
-    (``get``/``put``) or None. The server's route and :func:`compute_advantages` both call
-    this."""
-    validate_advantages(request)
+    (``get``/``put``) or None; ``limits``: the sizes it may ask for (the server's settings).
+    The server's route and :func:`compute_advantages` both call this."""
+    validate_advantages(request, limits)
     flat = FlatBatch.of(request.groups)
     columns = precomputed_columns(flat.rollouts, request.advantage.weights)
     return build_response(request.run_id, flat, combine(columns, len(flat.rollouts)), columns,

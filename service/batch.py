@@ -38,7 +38,7 @@ from rewardd.service.runstate import MemoryRunStore
 from rewardd.service.settings import Settings
 from rewardd.advantages.checks import pydantic_errors, validate_advantages
 from rewardd.advantages.errors import RequestInvalid
-from rewardd.service.validation import validate_score
+from rewardd.service.validation import size_limits, validate_score
 
 
 class BatchInvalid(Exception):
@@ -95,7 +95,7 @@ def load(source: Path, spec_path: Path | None, batch_size: int, settings: Settin
             if isinstance(request, ScoreRequest):
                 validate_score(request, settings)
             else:
-                validate_advantages(request)
+                validate_advantages(request, size_limits(settings))
         except ValidationError as exc:
             errors = pydantic_errors(exc, ("body",))
         except RequestInvalid as exc:
@@ -155,7 +155,7 @@ async def _run(jobs: list[Job], settings: Settings, disable: bool | None,
                         job.request, executor, settings, runs=runs,
                         on_group=_count_rollouts(bar, job.request)))
                 else:
-                    results.append(pipeline.advantages(job.request, runs))
+                    results.append(pipeline.advantages(job.request, runs, settings))
                     bar.update(sum(len(g.rollouts) for g in job.request.groups))
         clock.scored = time.perf_counter()
         return results

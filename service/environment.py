@@ -6,7 +6,9 @@ of it from a pool of the wrong size in production; a bad value (``REWARDD_LOG_LE
 crashed far from its cause. :func:`load_settings` checks the environment when ``rewardd
 serve``, ``worker`` or ``score`` starts and raises :class:`ConfigError` with one line per bad
 variable, naming it, its value and the reason (for an unknown name, the nearest known one):
-the CLI prints the lines and exits 2, no traceback.
+the CLI prints the lines and exits 2, no traceback. The same goes for what the settings name:
+the key ring (a key given to two tenants), the compat configuration, and the files they
+point at (read only when regular and at most 16 MiB: :mod:`rewardd.service.setting_files`).
 
 What counts as known:
 
@@ -34,6 +36,7 @@ from pydantic import AliasChoices, ValidationError
 
 from rewardd.service.compat.config import CompatConfigInvalid, validated_compat_config
 from rewardd.service.settings import Settings
+from rewardd.service.tenancy import KeysInvalid, load_keys
 
 PREFIX = "REWARDD_"
 ALLOW_VARIABLE = "REWARDD_ALLOW_UNKNOWN"
@@ -133,6 +136,10 @@ def load_settings(settings_cls: type[Settings] = Settings) -> Settings:
         raise ConfigError(lines + invalid_values(exc, environ, settings_cls)) from None
     if lines:
         raise ConfigError(lines)
+    try:  # the key ring: a key given to two tenants, a key file that cannot be read
+        load_keys(settings)
+    except KeysInvalid as exc:
+        raise ConfigError([str(exc)]) from None
     if settings.compat_config:  # the components a trainer protocol will run
         try:
             validated_compat_config(settings)

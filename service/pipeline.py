@@ -24,9 +24,9 @@ from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec
 from rewardd.service.respond import respond, respond_advantages
 from rewardd.service.runstate import RunStore
 from rewardd.service.settings import Settings
-from rewardd.advantages.checks import resolved_num_tokens
+from rewardd.advantages.checks import DEFAULT_LIMITS, resolved_num_tokens
 from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
-from rewardd.service.validation import validate_score
+from rewardd.service.validation import size_limits, validate_score
 from rewardd.verifiers.base import Outcome, Sample
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
                               VerifyCall, keeps_group_whole)
@@ -237,7 +237,10 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
         return await heavy.offload(finish)
 
 
-def advantages(req: AdvantagesRequest, runs: RunStore | None = None) -> dict[str, Any]:
-    """POST /v1/advantages: pure compute from the rewards the rollouts carry."""
+def advantages(req: AdvantagesRequest, runs: RunStore | None = None,
+               settings: Settings | None = None) -> dict[str, Any]:
+    """POST /v1/advantages: pure compute from the rewards the rollouts carry, within the
+    settings' size limits (rollouts, per-token advantages; without settings: the library's)."""
+    limits = size_limits(settings) if settings is not None else DEFAULT_LIMITS
     with gc_paused():
-        return respond_advantages(req, runs)
+        return respond_advantages(req, runs, limits)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from rewardd.advantages.batch import RunState
+from rewardd.advantages.checks import DEFAULT_LIMITS, SizeLimits
 from rewardd.advantages.models import AdvantageSpec, AdvantagesRequest
 from rewardd.advantages.compute import respond_to
 from rewardd.advantages.response import build_response
@@ -36,7 +37,8 @@ def respond(run_id: str | None, flat: FlatBatch, combined: Combined, columns: Se
                      lambda run: build_response(run_id, flat, combined, columns, spec, run))
 
 
-def respond_advantages(req: AdvantagesRequest, runs: RunStore | None = None) -> dict[str, Any]:
+def respond_advantages(req: AdvantagesRequest, runs: RunStore | None = None,
+                       limits: SizeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """The body of ``/v1/advantages``: what :func:`rewardd.advantages.compute_advantages`
-    computes in process, with the service's run store and metrics."""
-    return _with_run(req.run_id, runs, lambda run: respond_to(req, run))
+    computes in process, with the service's run store, metrics and size limits."""
+    return _with_run(req.run_id, runs, lambda run: respond_to(req, run, limits))

@@ -27,10 +27,11 @@ class Settings(WorkerSettings):
     max_body_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Largest accepted request body; larger gets 413.")
     max_rollouts_per_request: int = Field(
-        65_536, ge=1, description="Most rollouts one /v1/score, /v1/rewards or job request may "
-        "send to the verifiers (more: 422 naming body.groups). It bounds the verifier work one "
-        "request can hold: a 10^5-rollout score kept a 2-worker pool busy for 20 s. Lower it on "
-        "shared fleets; trainers split larger batches or submit several jobs.")
+        65_536, ge=1, description="Most rollouts one /v1/score, /v1/rewards, /v1/advantages, "
+        "job or session add may send (more: 422 naming body.groups). It bounds the verifier "
+        "and advantage work one request can hold: a 10^5-rollout score kept a 2-worker pool "
+        "busy for 20 s. Lower it on shared fleets; trainers split larger batches or submit "
+        "several jobs.")
     run_state_ttl_s: float = Field(
         7 * 24 * 3600, gt=0, description="Run state (difficulty anchors, UCB statistics) "
         "expires this long after the run's last request.")
@@ -158,6 +159,16 @@ class Settings(WorkerSettings):
         "wait_s > 0, POST /v1/sessions/{id}/close waiting for its batch) one tenant may "
         "hold at once on one API process; beyond it: 429 with Retry-After. Bounds the "
         "requests one tenant can park on a process.")
+
+    # ---- answer sizes and per-request counts (issue 28: limits) ----
+    max_dense_tokens: int = Field(
+        1 << 22, ge=1, description="Most per-token advantages one answer may carry with "
+        "output `dense` or `rle` (both hold one number per token while computed): the sum of "
+        "num_tokens over a /v1/score, /v1/advantages or job request, and over all of a "
+        "session's adds (its close answers with them all); more: 422 naming body.groups. It bounds the answer one request can make the API build: a "
+        "1.4 MB /v1/advantages body asking for 2^26 tokens became a 1.3 GB JSON answer and "
+        "stalled every tenant's requests. 4,194,304 tokens is 1,024 rollouts of 4,096 tokens "
+        "(an answer of ~80 MB of JSON); larger batches use output `scalar` or split.")
 
     @property
     def state_redis_url(self) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import orjson
 
 from rewardd.service.errors import Unauthenticated
+from rewardd.service.setting_files import SettingFileInvalid, read_setting_file
 from rewardd.service.settings import Settings
 
 DEFAULT_TENANT = "default"
@@ -103,8 +104,10 @@ def load_keys(settings: Settings) -> KeyRing:
     if settings.api_keys_file:
         path = Path(settings.api_keys_file)
         try:
-            data = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
+            data = orjson.loads(read_setting_file(path, "REWARDD_API_KEYS_FILE"))
+        except SettingFileInvalid as exc:
+            raise KeysInvalid(str(exc)) from None
+        except orjson.JSONDecodeError as exc:
             raise KeysInvalid(f"REWARDD_API_KEYS_FILE {str(path)!r}: {exc}") from None
         tenants = data.get("tenants") if isinstance(data, dict) else None
         if not isinstance(tenants, dict):
@@ -125,8 +128,9 @@ def load_keys(settings: Settings) -> KeyRing:
         digest = _digest(key)
         tenant = _tenant(name, limits_of[name], settings)
         if digest in ring and ring[digest].name != name:
-            raise KeysInvalid(f"one API key is given to two tenants ({ring[digest].name!r} "
-                              f"and {name!r})")
+            raise KeysInvalid(f"REWARDD_API_KEYS / REWARDD_API_KEYS_FILE: one API key is "
+                              f"given to two tenants ({ring[digest].name!r} and {name!r}); "
+                              "give each tenant keys of its own")
         ring[digest] = tenant
     return KeyRing(ring)
 

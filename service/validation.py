@@ -13,7 +13,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any, Collection, Iterator, Sequence
 
-from rewardd.advantages.checks import (check_advantage, check_groups, raise_if,
+from rewardd.advantages.checks import (SizeLimits, check_advantage, check_groups, raise_if,
                                        tokens_needed_for, validate_params)
 from rewardd.advantages.errors import Loc, error
 from rewardd.service.models import Group, RewardSpec, RewardsRequest, ScoreRequest
@@ -127,21 +127,22 @@ def check_component_names(specs: Sequence[RewardSpec], groups: Sequence[Group]) 
     return []
 
 
-def check_rollout_count(groups: Sequence[Group], settings: Settings) -> Iterator[dict]:
-    """The request's verifier work is bounded: at most ``max_rollouts_per_request`` rollouts."""
-    total = sum(len(group.rollouts) for group in groups)
-    if total > settings.max_rollouts_per_request:
-        yield error(("body", "groups"), f"{total} rollouts in one request is over the limit of "
-                    f"{settings.max_rollouts_per_request} (REWARDD_MAX_ROLLOUTS_PER_REQUEST); "
-                    "split the batch into several requests or jobs")
+def size_limits(settings: Settings) -> SizeLimits:
+    """What one request may ask for, from the settings: rollouts
+    (``REWARDD_MAX_ROLLOUTS_PER_REQUEST``) and per-token advantages in its answer
+    (``REWARDD_MAX_DENSE_TOKENS``); every route that takes a batch checks both before any
+    work starts."""
+    return SizeLimits(max_tokens=settings.max_dense_tokens,
+                      max_rollouts=settings.max_rollouts_per_request,
+                      tokens_setting="REWARDD_MAX_DENSE_TOKENS",
+                      rollouts_setting="REWARDD_MAX_ROLLOUTS_PER_REQUEST")
 
 
 def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """Every cross-field rule of a /v1/score or /v1/rewards body; raises RequestInvalid."""
     spec = getattr(req, "advantage", None)
     with check_budget(settings.max_schema_check_cpu_s):
-        raise_if(chain(check_rollout_count(req.groups, settings),
-                       check_groups(req.groups, tokens_needed_for(spec)),
+        raise_if(chain(check_groups(req.groups, tokens_needed_for(spec), size_limits(settings)),
                        check_reward_specs(req.rewards, settings),
                        check_references(req.rewards, req.groups, settings),
                        check_component_names(req.rewards, req.groups),

@@ -17,6 +17,17 @@ from rewardd.verifiers.judge.settings import JudgeSettings
 from rewardd.workers.cpus import usable_cpus
 
 
+POOL_PER_CPU = 4
+"""Most embedded verifier processes per usable CPU (REWARDD_POOL_SIZE)."""
+MIN_POOL_LIMIT = 8
+"""REWARDD_POOL_SIZE may always be this large, however few the CPUs (I/O-bound judges)."""
+
+
+def max_pool_size() -> int:
+    """The largest ``REWARDD_POOL_SIZE`` this process accepts."""
+    return max(MIN_POOL_LIMIT, POOL_PER_CPU * usable_cpus())
+
+
 class WorkerSettings(SandboxSettings, JudgeSettings):
     """The knobs of verifier execution, embedded or over Celery. Descriptions double as the
     CLI help."""
@@ -26,7 +37,10 @@ class WorkerSettings(SandboxSettings, JudgeSettings):
     pool_size: int = Field(
         default_factory=usable_cpus, ge=1, description="Verifier worker processes of the "
         "embedded executor. Default: the CPUs this process may use (its affinity, bounded by "
-        "its cgroup's CPU quota; see workers/cpus.py).")
+        "its cgroup's CPU quota; see workers/cpus.py). At most 4 per such CPU (at least 8 "
+        "whatever the CPUs): each is a Python process of about 140 MB, and more only contend "
+        "for the CPUs (100,000 never finished starting; 256 on 2 CPUs took minutes). For "
+        "more capacity run `rewardd worker` processes on other machines.")
     verifier_timeout_s: float = Field(
         10.0, gt=0, description="Default wall-clock limit of one verifier call, in seconds.")
     max_verifier_timeout_s: float = Field(
@@ -109,6 +123,17 @@ class WorkerSettings(SandboxSettings, JudgeSettings):
         "", description="`REWARDD_*` variables that are not settings but are set on purpose "
         "(comma-separated names), or `1` for any: without it an unknown `REWARDD_*` variable "
         "stops `rewardd serve`, `worker` and `score` at start, naming the nearest setting.")
+
+    @field_validator("pool_size")
+    @classmethod
+    def _pool_fits_the_cpus(cls, value: int) -> int:
+        limit = max_pool_size()
+        if value > limit:
+            raise ValueError(f"at most {limit} here ({POOL_PER_CPU} per CPU this process may "
+                             f"use, at least {MIN_POOL_LIMIT}): more verifier processes only "
+                             "contend for the CPUs and take memory; for more capacity run "
+                             "`rewardd worker` processes (REWARDD_BROKER_URL)")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -55,7 +55,8 @@ async def advantages(request: Request, services: ServicesDep,
         with heavy.scope():
             req = await read_model(request, AdvantagesRequest, tenant)
             runs = services.runs.for_tenant(tenant.name)
-            return await answer(request, await heavy.offload(pipeline.advantages, req, runs))
+            return await answer(request, await heavy.offload(pipeline.advantages, req, runs,
+                                                             services.settings))
 
 
 async def answer(request: Request, payload: dict[str, Any]) -> Response:

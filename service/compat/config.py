@@ -33,6 +33,7 @@ from pydantic import Field, ValidationError, field_validator
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.advantages.models import Contract, Name
 from rewardd.service.models import AdvantageSpec, RewardSpec, ScoreRequest
+from rewardd.service.setting_files import SettingFileInvalid, read_setting_text
 from rewardd.service.settings import Settings
 from rewardd.service.validation import validate_score
 
@@ -126,12 +127,27 @@ class CompatConfig(Contract):
         if wants and (self.group is None or self.group.advantage is None):
             raise ValueError(f"{', '.join(wants)}.value is `advantage` but group.advantage is "
                              "not set (advantages need groups)")
-        if self.slime.path in RESERVED_PATHS:
-            raise ValueError(f"slime.path {self.slime.path!r} is another route of rewardd")
+        if is_reserved(self.slime.path):
+            raise ValueError(f"slime.path {self.slime.path!r} is another route of rewardd "
+                             f"(the app's own routes come first, so slime would never be "
+                             f"reached); choose a path outside {RESERVED_PREFIX}/ and "
+                             f"{', '.join(RESERVED_PATHS)}")
 
 
 RESERVED_PATHS = ("/get_reward", "/verify", "/healthz", "/readyz", "/metrics", "/docs",
-                  "/openapi.json")
+                  "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+"""The app's own routes outside the versioned API (tests/unit/test_compat_paths.py checks
+that every route of the app is covered by these and :data:`RESERVED_PREFIX`)."""
+RESERVED_PREFIX = "/v1"
+"""The versioned API: every path under it is rewardd's, today's routes and tomorrow's."""
+
+
+def is_reserved(path: str) -> bool:
+    """Whether ``path`` is (or may become) a route of rewardd itself; a trailing slash or a
+    repeated one does not make it another path."""
+    plain = "/" + "/".join(part for part in path.split("/") if part)
+    return plain in RESERVED_PATHS or plain == RESERVED_PREFIX \
+        or plain.startswith(RESERVED_PREFIX + "/")
 
 
 def _read(source: str) -> tuple[Any, str]:
@@ -141,11 +157,10 @@ def _read(source: str) -> tuple[Any, str]:
     if not source.lstrip().startswith("{"):
         path = Path(source)
         origin = f"file {str(path)!r}"
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise CompatConfigInvalid(f"REWARDD_COMPAT_CONFIG: cannot read {origin}: "
-                                      f"{exc.strerror or exc}") from None
+        try:  # a regular file of at most 16 MiB: /dev/zero was read for ever
+            text = read_setting_text(path, "REWARDD_COMPAT_CONFIG")
+        except SettingFileInvalid as exc:
+            raise CompatConfigInvalid(str(exc)) from None
         if path.suffix in (".yaml", ".yml"):
             import yaml  # only for YAML files
 
@@ -174,7 +189,8 @@ def load_compat_config(source: str | None) -> CompatConfig:
     try:
         config = CompatConfig.model_validate(data)
     except ValidationError as exc:
-        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}"
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: "
+                            f"{e['msg'].removeprefix('Value error, ')}"
                             for e in exc.errors()[:10])
         raise CompatConfigInvalid(f"REWARDD_COMPAT_CONFIG ({origin}): {reasons}") from None
     return config

@@ -128,7 +128,8 @@ class RewarddServicer(pb_grpc.RewarddServicer):
             async def run() -> dict[str, Any]:
                 req = await read_message(request, AdvantagesRequest, tenant)
                 return await asyncio.to_thread(pipeline.advantages, req,
-                                               services.runs.for_tenant(tenant.name))
+                                               services.runs.for_tenant(tenant.name),
+                                               services.settings)
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)

@@ -29,6 +29,7 @@ from typing import Mapping, Sequence, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from rewardd.advantages.checks import resolved_num_tokens, tokens_needed_for
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import pipeline
 from rewardd.service.models import (Group, Rollout, ScoreRequest, SessionGroup, SessionRollouts,
@@ -47,6 +48,8 @@ PROFILE_LOC = ("body", "advantage", "profile")
 
 GROUPS_SEEN = "@groups"
 """The session's counter (:meth:`SessionStore.bump`) of groups seen: each group's index."""
+TOKENS_SEEN = "@tokens"
+"""The session's counter of tokens taken, when its answer carries per-token advantages."""
 TOUCH_EVERY_S = 1.0
 """A session's ``touched`` (its idle clock) is written at most this often."""
 
@@ -193,6 +196,7 @@ class Intake:
         try:
             if fresh and not record.standing:  # the server's own are not the tenant's
                 counted = await self._count(tenant, sid, plan, known)
+            await self._count_answer_tokens(sid, spec, plan)  # refused: counted given back
             # first-sight order from a counter, and the idle clock moved at most once a
             # second: no session-wide lock per request (hundreds of per-sample requests
             # queued on it)
@@ -237,6 +241,25 @@ class Intake:
                                 limits=store.limits,
                                 retry_after_s=self.pod.settings.retry_after_s)
         return groups, nbytes
+
+    async def _count_answer_tokens(self, sid: str, spec: SessionSpec, plan: Plan) -> None:
+        """The close answers with every group's per-token advantages (output dense or rle):
+        the session's tokens are counted over its adds (an atomic counter, over every pod)
+        and an add that would take them past ``REWARDD_MAX_DENSE_TOKENS`` is a 422, so many
+        small adds cannot build the answer one request may not. A rollout counted and then
+        not taken (its group completed meanwhile) stays counted: the bound errs on refusing."""
+        output = tokens_needed_for(spec.advantage)
+        tokens = sum(resolved_num_tokens(r) or 0 for _, new in plan for r, _ in new)
+        if output is None or not tokens:
+            return
+        limit = self.pod.settings.max_dense_tokens
+        total = await self.pod.store.bump(sid, TOKENS_SEEN, tokens)
+        if total > limit:
+            await self.pod.store.bump(sid, TOKENS_SEEN, -tokens)
+            raise RequestInvalid([error(("body", "groups"), f"session {sid} would answer with "
+                                        f"{total} tokens, over the limit of {limit} "
+                                        f"(REWARDD_MAX_DENSE_TOKENS) for output {output!r}; "
+                                        "close it and open another, or use output 'scalar'")])
 
     def _check_rollouts(self, spec: SessionSpec, body: SessionRollouts,
                         known: dict[str, GroupRecord]) -> None:

@@ -83,3 +83,39 @@ def test_rewardd_serve_refuses_to_start_on_a_bad_config_naming_the_field():
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "REWARDD_COMPAT_CONFIG" in proc.stderr and "group.size" in proc.stderr
+
+
+@pytest.mark.parametrize("path", ["/v1/score", "/v1/advantages", "/v1", "/v1/", "//v1//jobs",
+                                  "/v1/sessions/x/rollouts", "/healthz", "/redoc", "/get_reward"])
+def test_a_slime_path_that_shadows_a_route_of_rewardd_is_refused(path):
+    """Issue 28 row 16: ``slime.path=/v1/score`` was accepted; the app's own route answered
+    every slime call, so slime was silently unreachable."""
+    assert f"slime.path {path!r} is another route of rewardd" in refused(
+        json.dumps({"slime": {"path": path}}))
+
+
+@pytest.mark.parametrize("path", ["/slime/reward", "/v1x/score", "/rm/v1/score"])
+def test_a_slime_path_of_its_own_is_accepted(path):
+    assert validated_compat_config(
+        Settings(compat_config=json.dumps({"slime": {"path": path}}))).slime.path == path
+
+
+def test_every_route_of_the_app_is_reserved_from_slime():
+    """The reserved list cannot drift from the routes: every path the app serves (but the
+    slime route itself, whose path is the setting) is refused as slime.path."""
+    from rewardd.service.app import create_app
+    from rewardd.service.compat.config import is_reserved
+
+    paths: set[str] = set()
+
+    def walk(routes) -> None:
+        for route in routes:
+            if hasattr(route, "original_router"):  # an included router
+                walk(route.original_router.routes)
+            elif getattr(route, "path", None):
+                paths.add(route.path)
+
+    walk(create_app().router.routes)
+    paths.discard(CompatConfig().slime.path)
+    assert {"/v1/score", "/healthz", "/get_reward", "/verify"} <= paths
+    assert all(is_reserved(p) for p in paths), sorted(p for p in paths if not is_reserved(p))

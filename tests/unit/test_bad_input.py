@@ -648,7 +648,8 @@ def test_total_tokens_beyond_the_request_cap_is_422_for_dense_and_rle(client):
     body = {"groups": [{"group_id": "g0", "rollouts": rollouts}],
             "advantage": {"output": "dense"}}
     err = error_at(client.post("/v1/advantages", json=body), ["body", "groups"])
-    assert "over the limit of 134217728" in err["msg"] and "split the batch" in err["msg"]
+    assert "over the limit of 4194304 (REWARDD_MAX_DENSE_TOKENS)" in err["msg"]
+    assert "split the batch" in err["msg"]
     body["advantage"]["output"] = "scalar"
     assert client.post("/v1/advantages", json=body).status_code == 200
 

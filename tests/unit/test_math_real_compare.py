@@ -35,6 +35,11 @@ def check(completion: str, answer: str, params: dict | None = None) -> Outcome:
     ("\\sqrt{2+10^{-60}}", "\\sqrt{2}"),
     ("e^{\\pi\\sqrt{163}}", "640320^3+744"),  # 7.5e-13 apart at 2.6e17: 30 orders down
     ("\\cos(10^{-20})", "1"),  # no sum wrote it: sympy's adaptive evaluation finds it
+    ("\\tanh(100)", "1"),  # issue 28 row 14: 1 - 2e^{-200}, 87 orders down inside tanh
+    ("\\cos(e^{-100})", "1"),  # 1 - e^{-200}/2
+    ("2^{e^{-200}}", "1"),  # 1 + e^{-200} ln 2
+    ("1", "\\tanh(100)"),  # either side
+    ("1-2e^{-200}", "\\tanh(100)"),  # the next term of the series is still a difference
     ("y = x^2+10^{-30}x", "y = x^2"),
     ("y > x^2+10^{-30}x", "y > x^2"),
 ])
@@ -49,6 +54,11 @@ def test_a_written_difference_is_never_rounded_away(prediction, reference):
     ("\\sin^2 x+\\cos^2 x", "1"),
     ("(x+10^{-30})^2", "x^2+2\\cdot 10^{-30}x+10^{-60}"),
     ("\\tan\\frac{\\pi}{8}", "\\sqrt2-1"),
+    ("\\frac{e^{200}-1}{e^{200}+1}", "\\tanh(100)"),
+    ("\\cos\\frac{\\pi}{7}+\\cos\\frac{3\\pi}{7}+\\cos\\frac{5\\pi}{7}", "\\frac{1}{2}"),
+    ("\\cosh^2 5-\\sinh^2 5", "1"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\sin(\\pi/4)"),
     ("2y = 2x^2+2\\cdot10^{-30}x", "y = x^2+10^{-30}x"),
 ])
 def test_true_identities_stay_equal_at_the_scaled_precision(prediction, reference):
@@ -68,6 +78,17 @@ def test_agreement_beyond_the_digit_cap_is_not_certified():
     tiny = sympy.Rational(1, 10 ** (MAX_DIGITS + 10))
     assert agree(sympy.pi + tiny, sympy.pi + tiny * 2) is False
     assert agree(sympy.pi, sympy.pi) is True
+
+
+def test_a_difference_hidden_inside_a_function_is_searched_to_the_digit_cap():
+    """The proof of difference does not stop at the digits the answer wrote: ``tanh(100)``
+    wrote nothing below its leading digit, yet differs from 1 at the 87th."""
+    assert agree(sympy.tanh(100), sympy.Integer(1)) is False
+    assert agree(sympy.cos(sympy.exp(-100)), sympy.Integer(1)) is False
+    assert agree(sympy.Integer(2) ** sympy.exp(-200), sympy.Integer(1)) is False
+    assert agree(sympy.sin(1) ** 2 + sympy.cos(1) ** 2, sympy.Integer(1)) is True
+    verdict = check("\\boxed{\\tanh(100)}", "1")
+    assert (verdict.reward, verdict.detail["decided_by"]) == (0.0, "different"), verdict.detail
 
 
 def test_exactness_decisions_are_kept():

@@ -10,10 +10,15 @@ when their difference is below 10^-(25 + spread) of the larger, both evaluated w
 leading digit it sits, while a true identity (``\\sqrt2+\\sqrt3`` vs ``\\sqrt{5+2\\sqrt6}``)
 leaves a residue 15 orders below the limit. Closed forms that pass are also checked by sympy's
 adaptive evaluation of their difference, which finds differences no sum wrote
-(``\\cos(10^{-20})`` is not 1, ``e^{\\pi\\sqrt{163}}`` is not ``640320^3+744``).
+(``\\cos(10^{-20})`` is not 1, ``e^{\\pi\\sqrt{163}}`` is not ``640320^3+744``). That search
+goes as deep as ``MAX_DIGITS`` working digits whatever the spread, because a function can hide
+a difference far below anything written: ``\\tanh(100)`` is ``1 - 2e^{-200}``,
+``\\cos(e^{-100})`` is ``1 - e^{-200}/2`` and ``2^{e^{-200}}`` is ``1 + e^{-200}\\ln 2``, none of
+them 1 (a true identity costs the search a few tens of milliseconds before sympy gives up).
 
-Beyond ``MAX_DIGITS`` working digits equality is not certified (a false negative on values
-nobody writes, never a false positive).
+Beyond ``MAX_DIGITS`` working digits equality is not certified: a written spread that needs
+more is refused (a false negative on values nobody writes), and a difference hidden more than
+``MAX_DIGITS`` orders below the values (``2^{e^{-10000}}`` vs 1) is not found.
 """
 
 from __future__ import annotations
@@ -73,7 +78,9 @@ def spread(exprs: Sequence[sympy.Basic], subs: dict | None = None) -> int:
 
 def _provably_different(x: sympy.Basic, y: sympy.Basic, digits: int) -> bool:
     """sympy's adaptive evaluation finds 15 correct digits of ``x - y`` within ``digits``
-    of working precision (so it is not zero); it raises PrecisionExhausted on a true zero."""
+    of working precision (so it is not zero); it raises PrecisionExhausted on a true zero.
+    ``digits`` must not depend on what the answer wrote: the cancellation that hides a
+    difference happens inside a function (``\\tanh(100) - 1`` needs 87 digits)."""
     try:
         difference = x - y
         if difference == 0:
@@ -127,7 +134,7 @@ def agree(x: sympy.Basic, y: sympy.Basic, subs: dict | None = None,
                 return False
     except TooPrecise:
         return False
-    return subs is not None or not _provably_different(x, y, BASE_DIGITS + orders + 20)
+    return subs is not None or not _provably_different(x, y, MAX_DIGITS)
 
 
 __all__ = ["BASE_DIGITS", "MARGIN_DIGITS", "MAX_DIGITS", "TooPrecise", "agree", "evaluate",
