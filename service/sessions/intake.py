@@ -249,7 +249,7 @@ class Intake:
         small adds cannot build the answer one request may not. A rollout counted and then
         not taken (its group completed meanwhile) stays counted: the bound errs on refusing."""
         output = tokens_needed_for(spec.advantage)
-        tokens = sum(resolved_num_tokens(r) or 0 for _, new in plan for r, _ in new)
+        tokens = sum(resolved_num_tokens(r) or 0 for _, new in plan for r, _, _ in new)
         if output is None or not tokens:
             return
         limit = self.pod.settings.max_dense_tokens

@@ -92,8 +92,9 @@ def stalled_stream(url: str, path: str, key: str = HOSTILE_KEY) -> Iterator[sock
 
 
 def test_late_streams_that_never_read_hold_one_page_each(tmp_path: Path) -> None:
-    with abuse_server(*FAULTY, env={"REWARDD_SESSION_MAX_INFLIGHT": "1000000"},
-                      tmp_dir=tmp_path) as server, \
+    # the history's size needs more groups than one session holds by default (4096)
+    env = {"REWARDD_SESSION_MAX_INFLIGHT": "1000000", "REWARDD_SESSION_MAX_GROUPS": str(GROUPS)}
+    with abuse_server(*FAULTY, env=env, tmp_dir=tmp_path) as server, \
             httpx.Client(base_url=server.url, headers=HOSTILE, timeout=600) as http:
         sid = long_session(http)
         rss, cpu = server.rss_bytes(), server.api_cpu_s()
