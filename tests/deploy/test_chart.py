@@ -5,6 +5,7 @@ security and lifecycle settings the design depends on asserted on the rendered o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -356,15 +357,22 @@ def container_environments(docs: list[dict[str, Any]]) -> dict[str, dict[str, st
 
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=ci_id)
 def test_every_rewardd_variable_the_chart_sets_is_a_valid_setting(
-        values_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        values_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """rewardd refuses to start on an unknown REWARDD_* variable or a bad value: load the
-    settings from each container's environment exactly as `rewardd serve`/`worker` do."""
+    settings from each container's environment exactly as `rewardd serve`/`worker` do. The
+    key file (mounted from a Secret in the pod) is read when settings load, so a file with
+    a valid key ring stands in for the Secret at the path the chart names."""
     from rewardd.service.environment import load_settings
 
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"tenants": {"team": {"keys": ["k" * 32]}}}))
     for name, env in container_environments(render(values_of(values_file))).items():
         for key in [k for k in os.environ if k.startswith("REWARDD_")]:
             monkeypatch.delenv(key)
         for key, value in env.items():
+            if key == "REWARDD_API_KEYS_FILE":
+                assert value.startswith("/etc/rewardd/"), (name, value)
+                value = str(keys_file)
             monkeypatch.setenv(key, value)
         settings = load_settings()
         assert settings.broker_url and settings.broker_url.startswith("redis://"), name
