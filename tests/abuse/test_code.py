@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,16 +47,21 @@ def cells(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 def hostile_beside_a_neighbour(url: str, send: Any) -> tuple[Any, Neighbour]:
-    """``send()`` in a thread while the neighbour's small requests go on; its result."""
+    """``send()`` in a thread while the neighbour's small requests go on; its result.
+
+    The window counted as "during" opens before ``send()`` and closes once it returned *and*
+    the neighbour got an answer in the window: a refusal can come back before the
+    neighbour's first answer (then the answer that follows it counts), and closing the
+    window with the hostile request alone waited forever for an answer it could not count."""
     result: list[Any] = []
     with Neighbour(url) as neighbour:
         neighbour.hostile_running.set()
         worker = threading.Thread(target=lambda: result.append(send()), daemon=True)
         worker.start()
-        while worker.is_alive() or neighbour.answered_during_hostile < 1:
-            worker.join(timeout=0.05)
-            if not worker.is_alive():
-                neighbour.hostile_running.clear()
+        worker.join()
+        while neighbour.answered_during_hostile < 1:
+            assert neighbour.alive(), "the neighbour's thread failed"
+            time.sleep(0.05)
         neighbour.hostile_running.clear()
     return result[0], neighbour
 

@@ -130,6 +130,10 @@ class Neighbour:
                 self.statuses += [health.status_code, score.status_code]
                 self.answered_while.append(running)
 
+    def alive(self) -> bool:
+        """Whether its thread still sends (it ends on stop or when a request raised)."""
+        return self._thread.is_alive()
+
     @property
     def answered_during_hostile(self) -> int:
         return sum(self.answered_while)
