@@ -232,6 +232,9 @@ class FleetView:
     previous observation: messages may have vanished, even with persistence (one a worker
     popped from its queue while the connection broke, before kombu recorded it unacked)."""
     requeued: int = 0
+    workers: frozenset[str] = frozenset()
+    """Hostnames of the live workers (one that vanished since the previous look may have
+    taken a message with it: :meth:`rewardd.workers.watchdog.FleetWatchdog._look`)."""
 
 
 def binding_key(queue: str) -> str:
@@ -269,17 +272,20 @@ def observe(client: Any, restore: Callable[[str], None], declare: Callable[[list
     if take_reaper_lock(client, owner, every_s):
         requeued = reap(client, restore, lost_after_s, workers)
     return FleetView(time.monotonic(), None, consumers(workers), frozenset(held_task_ids(workers)),
-                     lost, requeued), current
+                     lost, requeued, workers=frozenset(w.hostname for w in workers)), current
 
 
 def missing_tasks(broker: Any, backend: Any, task_ids: list[str],
                   result_keys: list[bytes | str],
                   queue_keys: list[str]) -> list[str]:
     """Of ``task_ids`` (with their result keys in ``backend``), those in no queue list of
-    ``broker``, not unacknowledged there and without a stored result: what Redis lost. Reads
-    every message in ``queue_keys`` and the ``unacked`` hash, so it is run only after Redis
-    restarted (bounded by the dispatch window per queue and API process)."""
-    with broker.pipeline(transaction=False) as pipe:
+    ``broker``, not unacknowledged there and without a stored result: what Redis lost, or
+    what a worker popped and died with. Reads every message in ``queue_keys`` and the
+    ``unacked`` hash, so it is run only after Redis restarted or a worker vanished (bounded by
+    the dispatch window per queue and API process). The queues and the hash are read in one
+    transaction: a reaper moving a message from one to the other in between would make it
+    look missing (then it is run twice: harmless, tasks are idempotent and read once)."""
+    with broker.pipeline(transaction=True) as pipe:
         for key in queue_keys:
             pipe.lrange(key, 0, -1)
         pipe.hvals("unacked")

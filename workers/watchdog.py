@@ -5,6 +5,14 @@ heartbeats every REWARDD_WORKER_HEARTBEAT_S (:mod:`rewardd.workers.liveness`): r
 answered from what it saw, calls of a queue nobody consumes fail fast, a lost worker's tasks
 are requeued, and after a Redis restart what Redis lost is published again.
 
+A worker that vanished can lose a message too, not only Redis: kombu's Redis transport takes a
+message off its queue (BRPOP) and records it unacknowledged in the next command, so a worker
+SIGKILLed between the two takes the message with it, where no reaper sees it (measured: 1 run
+in about 60 of tests/faults/test_worker_loss.py, whose kill follows a fetch). So a worker
+whose heartbeat stopped is treated like a Redis restart: after REWARDD_WORKER_LOST_AFTER_S
+the tasks awaited since before then that are nowhere in Redis are published again, instead
+of waiting out REWARDD_QUEUE_TIMEOUT_S.
+
 Why from heartbeats and not a ping task: a ping queued behind a long batch would make /readyz
 wait for user work (or fail while the workers are busy and healthy); a heartbeat is written by
 each worker's main process whatever its pool is doing. Idle, the watchdog costs a few small
@@ -56,6 +64,9 @@ class FleetWatchdog:
         self._view: FleetView | None = None
         self._epoch: str | None = None
         self._lost_at: float | None = None
+        """When Redis lost data or a worker was last seen vanishing: tasks published before
+        then are audited (:meth:`_republish_lost`)."""
+        self._last_workers: frozenset[str] = frozenset()
         self._unserved_since: dict[str, float] = {}
 
     def reset(self) -> None:
@@ -124,6 +135,12 @@ class FleetWatchdog:
             return {"broker_error": view.error}
         return {}
 
+    def live_workers(self) -> frozenset[str]:
+        """Hostnames of the live workers at the last look (empty before it or while the
+        broker is unreachable)."""
+        view = self._view
+        return view.workers if view is not None and view.error is None else frozenset()
+
     def _unready_queues(self, view: FleetView) -> list[str]:
         wanted = [q.strip() for q in self.settings.ready_queues.split(",") if q.strip()]
         return [queue for queue in wanted if not view.consumers.get(queue)]
@@ -159,6 +176,13 @@ class FleetWatchdog:
             log.warning("Redis restarted or lost its data: tasks this process published "
                         "before now that are nowhere in Redis are sent again")
             self._lost_at = view.at
+        vanished = self._last_workers - view.workers
+        if vanished:
+            log.warning("worker(s) %s stopped sending heartbeats: tasks this process published "
+                        "before now that are nowhere in Redis are sent again",
+                        ", ".join(sorted(vanished)))
+            self._lost_at = view.at
+        self._last_workers = view.workers
         self._view = view
         return view
 
@@ -238,10 +262,11 @@ class FleetWatchdog:
             self._publisher.abandon(revoke)
 
     def _republish_lost(self, view: FleetView, lost_at: float) -> None:
-        """Redis restarted (or lost its data) at ``lost_at``: every task published before
-        then that is still awaited, that no live worker holds, that is in no queue, not
-        unacknowledged and without a result (:func:`~rewardd.workers.liveness.missing_tasks`)
-        is published again under the same id (a task that ran twice is read once)."""
+        """Redis restarted (or lost its data), or a worker vanished, at ``lost_at``: every
+        task published before then that is still awaited, that no live worker holds, that is
+        in no queue, not unacknowledged and without a result
+        (:func:`~rewardd.workers.liveness.missing_tasks`) is published again under the same
+        id (a task that ran twice is read once)."""
         self._lost_at = None
         waiters = self._collector.waiters
         suspects = [entry for task_id, entry in self._publisher.unsettled.items()
@@ -260,7 +285,8 @@ class FleetWatchdog:
                                          [e.task_id for e in suspects], keys, queue_keys))
             again = [(e.task_id, e.pack) for e in suspects if e.task_id in lost]
             if again:
-                log.warning("publishing %d task(s) again that Redis lost", len(again))
+                log.warning("publishing %d task(s) again that Redis or a lost worker dropped",
+                            len(again))
                 metrics.TASK_RETRIES.labels(suspects[0].queue, "republished").inc(len(again))
             return self._publisher.publish(again) if again else {}
 

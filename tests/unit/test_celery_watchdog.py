@@ -101,3 +101,26 @@ async def test_a_queue_within_its_grace_or_with_a_consumer_keeps_its_calls() -> 
     finally:
         parts.close()
 
+
+
+async def test_a_worker_whose_heartbeat_stopped_starts_the_audit_of_lost_tasks(
+        parts: CeleryParts) -> None:
+    """A worker can die holding a message it popped but never recorded unacknowledged: its
+    vanishing from the heartbeats marks the moment, as a Redis restart does, for
+    :meth:`_republish_lost` (against Redis: tests/faults/test_worker_loss.py)."""
+    watchdog = parts.watchdog
+
+    def alive(*hostnames: str) -> FleetView:
+        return FleetView(time.monotonic(), None, {"cpu": len(hostnames)},
+                         workers=frozenset(hostnames))
+
+    views = iter([alive("a"), alive("a", "b"), alive("a", "b"), alive("b"), alive("b", "c")])
+    watchdog._observe = lambda: (next(views), "epoch")  # type: ignore[method-assign]
+    for _ in range(3):  # one worker, then a second joins: nothing lost
+        await watchdog._look()
+        assert watchdog._lost_at is None
+    vanished = await watchdog._look()
+    assert watchdog._lost_at == vanished.at and watchdog.live_workers() == {"b"}
+    watchdog._lost_at = None
+    await watchdog._look()  # "c" joins: nothing new is lost
+    assert watchdog._lost_at is None and watchdog.live_workers() == {"b", "c"}
