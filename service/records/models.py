@@ -1,0 +1,117 @@
+"""Typed records: what the writer stores and what a query returns (no dicts cross the store's
+boundary, except the JSON documents a verdict carries, which the store keeps as they came)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+OK = "ok"
+FAILED = "failed"
+RolloutOutcome = Literal["ok", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One reward component's verdict on one rollout."""
+
+    component: str
+    reward: float | None
+    outcome: str
+    """``ok``, or the failure kind (``timeout``, ``unavailable``, ...)."""
+    status: Mapping[str, Any] = field(default_factory=dict)
+    """The component's status entry as the response carried it (evidence, receipt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """One scored rollout, as it is written."""
+
+    tenant: str
+    run_id: str
+    group_id: str
+    rollout_id: str
+    verdicts: tuple[Verdict, ...]
+    recorded_at: float
+    step: int | None = None
+    source: str | None = None
+    summary: Mapping[str, Any] | None = None
+    """The rollout's combined reward and, with advantages, their mean and token count
+    (``{"reward", "excluded", "advantage_mean", "tokens"}``)."""
+    completion: str | None = None
+    """Kept only as REWARDD_RECORD_COMPLETIONS says (None: not kept)."""
+
+    @property
+    def outcome(self) -> RolloutOutcome:
+        return OK if all(v.outcome == OK for v in self.verdicts) else FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRollout:
+    """A rollout read back, with the id that orders it (the cursor of a page)."""
+
+    id: int
+    record: RolloutRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_id: str
+    first_at: float
+    last_at: float
+    last_step: int | None
+    rollouts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutQuery:
+    """Filters of ``GET /v1/runs/{run_id}/rollouts``; every one optional."""
+
+    step: int | None = None
+    source: str | None = None
+    component: str | None = None
+    outcome: str | None = None
+    """``ok``/``failed`` for the whole rollout; any other value is a failure kind, and
+    with ``component`` it is that component's outcome."""
+    text: str | None = None
+    """A substring of the completion (rollouts recorded without one never match)."""
+    after: int | None = None
+    """The cursor: only rollouts with a larger id."""
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPage:
+    items: tuple[StoredRollout, ...]
+    next_cursor: int | None
+    """Pass as ``after`` for the next page; None on the last one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much of a tenant's record is kept (None: no bound)."""
+
+    max_age_s: float | None = None
+    max_rollouts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentStep:
+    """One reward component over one step's rollouts."""
+
+    rollouts: int
+    mean: float | None
+    """Mean reward of the rollouts it scored (None: none scored)."""
+    std: float | None
+    failures: Mapping[str, int]
+    """Failure kind -> rollouts."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    step: int | None
+    rollouts: int
+    failed_rollouts: int
+    components: Mapping[str, ComponentStep]
+    sources: Mapping[str, int]
+    """Source -> rollouts (rollouts without a source under ``""``)."""

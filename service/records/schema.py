@@ -1,0 +1,66 @@
+"""The record's tables (SQLAlchemy Core). The migrations in ``migrations/versions`` create
+exactly these; ``tests/unit/test_records_store.py`` fails when the two drift apart.
+
+Why three tables: a run is listed without counting its rollouts (``runs`` keeps its counters),
+and a rollout is filtered by component and outcome with an index rather than by reading JSON
+(``verdicts``: one row per rollout and reward component). What a verdict says in full (its
+status entry with evidence and receipt) stays one JSON document on the rollout, read as a
+whole and never queried into.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData,
+                        String, Table, Text)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+Document = JSON().with_variant(JSONB(), "postgresql")
+"""JSON in SQLite (text), JSONB in PostgreSQL (stored parsed, smaller to read back)."""
+
+TENANT_LENGTH = 128
+NAME_LENGTH = 256
+"""Run, group and rollout ids and sources are request names (at most 256 characters)."""
+
+runs = Table(
+    "runs", metadata,
+    Column("tenant", String(TENANT_LENGTH), primary_key=True),
+    Column("run_id", String(NAME_LENGTH), primary_key=True),
+    Column("first_at", Float, nullable=False),
+    Column("last_at", Float, nullable=False),
+    Column("last_step", Integer),
+    Column("rollouts", BigInteger, nullable=False),
+    Index("ix_runs_tenant_last_at", "tenant", "last_at"),
+)
+
+rollouts = Table(
+    "rollouts", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("tenant", String(TENANT_LENGTH), nullable=False),
+    Column("run_id", String(NAME_LENGTH), nullable=False),
+    Column("step", Integer),
+    Column("source", String(NAME_LENGTH)),
+    Column("group_id", String(NAME_LENGTH), nullable=False),
+    Column("rollout_id", String(NAME_LENGTH), nullable=False),
+    Column("recorded_at", Float, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("rewards", Document, nullable=False),
+    Column("status", Document, nullable=False),
+    Column("summary", Document),
+    Column("completion", Text),
+    Index("ix_rollouts_run_step", "tenant", "run_id", "step", "id"),
+    Index("ix_rollouts_run_source", "tenant", "run_id", "source", "id"),
+    Index("ix_rollouts_tenant_recorded", "tenant", "recorded_at"),
+)
+
+verdicts = Table(
+    "verdicts", metadata,
+    Column("rollout", BigInteger().with_variant(Integer, "sqlite"),
+           ForeignKey("rollouts.id", ondelete="CASCADE"), primary_key=True),
+    Column("component", String(NAME_LENGTH), primary_key=True),
+    Column("reward", Float),
+    Column("outcome", String(32), nullable=False),
+    Index("ix_verdicts_component_outcome", "component", "outcome", "rollout"),
+)

@@ -1,0 +1,323 @@
+"""The record's one interface, :class:`RecordStore`: write rollouts, list runs, page through
+a run's rollouts, apply retention. SQLAlchemy Core, no ORM: the writes are bulk inserts and
+one upsert per run, the reads a few indexed selects; the same statements run on SQLite and
+PostgreSQL (the dialect only picks the upsert construct).
+
+Layout of a rollout row: ``rewards`` is ``{component: reward}``, ``status`` is
+``{component: {"outcome": ..., "entry": {...the response's status entry...}}}``; the
+``verdicts`` table repeats component, reward and outcome per row so that filters use an index.
+A rollout read back lists its verdicts by component name (PostgreSQL's JSONB keeps no key
+order, so neither backend promises the written one).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import (Engine, and_, case, create_engine, delete, event, exists, func, insert,
+                        select, text, update)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+
+from rewardd.service.records.migrate import upgrade
+from rewardd.service.records.models import (FAILED, OK, ComponentStep, Retention, RolloutPage,
+                                            RolloutQuery, RolloutRecord, RunSummary,
+                                            StepSummary, StoredRollout, Verdict)
+from rewardd.service.records.schema import rollouts, runs, verdicts
+
+MAX_PAGE = 1000
+CONNECT_TIMEOUT_S = 5
+
+
+class UnsupportedDatabase(ValueError):
+    """REWARDD_DATABASE_URL names a database the record cannot use."""
+
+
+def database_url(url: str) -> URL:
+    """``url`` as SQLAlchemy needs it: a plain ``postgresql://user@host:port/db`` (or
+    ``postgres://``) runs on psycopg 3; ``sqlite:///path`` is a file."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        return parsed
+    raise UnsupportedDatabase(
+        f"REWARDD_DATABASE_URL: unsupported database {backend!r}; use "
+        "postgresql://user@host:port/database or sqlite:///path/to/file")
+
+
+def create_record_engine(url: str) -> Engine:
+    """An engine for ``url``. SQLite: the file's folder is created, WAL lets the writer and
+    readers work at once, foreign keys are enforced (retention cascades to verdicts).
+    PostgreSQL: connections are checked before use (a restarted server costs one retry)."""
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"check_same_thread": False,
+                                                     "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(connection: Any, _record: Any) -> None:
+            cursor = connection.cursor()
+            for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+        return engine
+    return create_engine(parsed, pool_pre_ping=True, pool_size=4, max_overflow=4,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+
+
+class RecordStore:
+    """The run record on one database (see the module doc). Blocking: call it from a thread
+    (the writer's, or the API's thread pool), never from the event loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def open(cls, url: str) -> RecordStore:
+        """Connect to ``url`` and migrate it to this release's schema."""
+        engine = create_record_engine(url)
+        upgrade(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def ping(self) -> None:
+        """Raises when the database does not answer."""
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def write(self, records: Sequence[RolloutRecord]) -> None:
+        """Store ``records`` in one transaction (all or none)."""
+        if not records:
+            return
+        with self.engine.begin() as connection:
+            ids = connection.execute(
+                insert(rollouts).returning(rollouts.c.id, sort_by_parameter_order=True),
+                [_rollout_row(record) for record in records]).scalars().all()
+            rows = [{"rollout": rid, "component": v.component, "reward": v.reward,
+                     "outcome": v.outcome} for rid, record in zip(ids, records)
+                    for v in record.verdicts]
+            if rows:
+                connection.execute(insert(verdicts), rows)
+            for values in _run_counters(records):
+                connection.execute(self._upsert_run(values))
+
+    def _upsert_run(self, values: dict[str, Any]) -> Any:
+        construct = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = construct(runs).values(**values)
+        new = statement.excluded
+        return statement.on_conflict_do_update(
+            index_elements=[runs.c.tenant, runs.c.run_id],
+            set_={"first_at": case((new.first_at < runs.c.first_at, new.first_at),
+                                   else_=runs.c.first_at),
+                  "last_at": case((new.last_at > runs.c.last_at, new.last_at),
+                                  else_=runs.c.last_at),
+                  "last_step": case((runs.c.last_step.is_(None), new.last_step),
+                                    (new.last_step > runs.c.last_step, new.last_step),
+                                    else_=runs.c.last_step),
+                  "rollouts": runs.c.rollouts + new.rollouts})
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def runs(self, tenant: str, limit: int = 100) -> list[RunSummary]:
+        """The tenant's runs, the most recently written first."""
+        query = (select(runs).where(runs.c.tenant == tenant)
+                 .order_by(runs.c.last_at.desc(), runs.c.run_id).limit(min(limit, MAX_PAGE)))
+        with self.engine.connect() as connection:
+            return [_summary(row) for row in connection.execute(query)]
+
+    def run(self, tenant: str, run_id: str) -> RunSummary | None:
+        query = select(runs).where(runs.c.tenant == tenant, runs.c.run_id == run_id)
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return _summary(row) if row is not None else None
+
+    def rollouts(self, tenant: str, run_id: str, query: RolloutQuery) -> RolloutPage:
+        """A page of the run's rollouts in the order they were written, filtered by
+        ``query`` (see :class:`RolloutQuery`)."""
+        limit = max(1, min(query.limit, MAX_PAGE))
+        conditions = [rollouts.c.tenant == tenant, rollouts.c.run_id == run_id]
+        if query.after is not None:
+            conditions.append(rollouts.c.id > query.after)
+        if query.step is not None:
+            conditions.append(rollouts.c.step == query.step)
+        if query.source is not None:
+            conditions.append(rollouts.c.source == query.source)
+        if query.text:
+            conditions.append(rollouts.c.completion.contains(query.text, autoescape=True))
+        conditions.extend(_verdict_conditions(query))
+        statement = (select(rollouts).where(and_(*conditions)).order_by(rollouts.c.id)
+                     .limit(limit + 1))
+        with self.engine.connect() as connection:
+            rows = connection.execute(statement).all()
+        items = tuple(StoredRollout(row.id, _record(row)) for row in rows[:limit])
+        return RolloutPage(items, items[-1].id if len(rows) > limit else None)
+
+    def steps(self, tenant: str, run_id: str, last: int = 100) -> list[StepSummary]:
+        """Per-step summaries of the run's ``last`` steps (newest first): rollouts, failed
+        rollouts, per component the mean and spread of its rewards and its failures, rollouts
+        per source. Three grouped selects over the run's indexed rows."""
+        in_run = and_(rollouts.c.tenant == tenant, rollouts.c.run_id == run_id)
+        with self.engine.connect() as connection:
+            wanted = list(connection.execute(
+                select(rollouts.c.step).where(in_run).group_by(rollouts.c.step)
+                .order_by(rollouts.c.step.desc().nulls_last()).limit(last)).scalars())
+            if not wanted:
+                return []
+            numbered = [step for step in wanted if step is not None]
+            step_match = (rollouts.c.step.in_(numbered) if None not in wanted
+                          else (rollouts.c.step.in_(numbered) | rollouts.c.step.is_(None)))
+            counts = connection.execute(
+                select(rollouts.c.step, rollouts.c.source, rollouts.c.outcome,
+                       func.count().label("n"))
+                .where(in_run, step_match)
+                .group_by(rollouts.c.step, rollouts.c.source, rollouts.c.outcome)).all()
+            scored = connection.execute(
+                select(rollouts.c.step, verdicts.c.component, verdicts.c.outcome,
+                       func.count().label("n"), func.count(verdicts.c.reward).label("rewarded"),
+                       func.sum(verdicts.c.reward).label("total"),
+                       func.sum(verdicts.c.reward * verdicts.c.reward).label("squares"))
+                .select_from(rollouts.join(verdicts, verdicts.c.rollout == rollouts.c.id))
+                .where(in_run, step_match)
+                .group_by(rollouts.c.step, verdicts.c.component, verdicts.c.outcome)).all()
+        return [_step_summary(step, counts, scored) for step in wanted]
+
+    def tenants(self) -> list[str]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(select(runs.c.tenant).distinct()).scalars())
+
+    # ---- retention --------------------------------------------------------------------------
+
+    def prune(self, tenant: str, retention: Retention, now: float | None = None) -> int:
+        """Delete the tenant's rollouts older than ``retention.max_age_s`` and, beyond
+        ``retention.max_rollouts``, the oldest; runs left empty go too. Returns how many
+        rollouts were deleted."""
+        now = time.time() if now is None else now
+        deleted = 0
+        with self.engine.begin() as connection:
+            if retention.max_age_s is not None:
+                deleted += connection.execute(delete(rollouts).where(
+                    rollouts.c.tenant == tenant,
+                    rollouts.c.recorded_at < now - retention.max_age_s)).rowcount
+            if retention.max_rollouts is not None:
+                newest_dropped = connection.execute(
+                    select(rollouts.c.id).where(rollouts.c.tenant == tenant)
+                    .order_by(rollouts.c.id.desc()).offset(retention.max_rollouts).limit(1)
+                ).scalar()
+                if newest_dropped is not None:
+                    deleted += connection.execute(delete(rollouts).where(
+                        rollouts.c.tenant == tenant, rollouts.c.id <= newest_dropped)).rowcount
+            if deleted:
+                remaining = (select(func.count()).select_from(rollouts)
+                             .where(rollouts.c.tenant == runs.c.tenant,
+                                    rollouts.c.run_id == runs.c.run_id).scalar_subquery())
+                connection.execute(update(runs).where(runs.c.tenant == tenant)
+                                   .values(rollouts=remaining))
+                connection.execute(delete(runs).where(runs.c.tenant == tenant,
+                                                      runs.c.rollouts == 0))
+        return deleted
+
+
+def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
+    return {"tenant": record.tenant, "run_id": record.run_id, "step": record.step,
+            "source": record.source, "group_id": record.group_id,
+            "rollout_id": record.rollout_id, "recorded_at": record.recorded_at,
+            "outcome": record.outcome,
+            "rewards": {v.component: v.reward for v in record.verdicts},
+            "status": {v.component: {"outcome": v.outcome, "entry": dict(v.status)}
+                       for v in record.verdicts},
+            "summary": dict(record.summary) if record.summary is not None else None,
+            "completion": record.completion}
+
+
+def _run_counters(records: Iterable[RolloutRecord]) -> list[dict[str, Any]]:
+    """One row of counters per (tenant, run) among ``records``."""
+    by_run: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        row = by_run.setdefault((record.tenant, record.run_id), {
+            "tenant": record.tenant, "run_id": record.run_id, "first_at": record.recorded_at,
+            "last_at": record.recorded_at, "last_step": record.step, "rollouts": 0})
+        row["rollouts"] += 1
+        row["first_at"] = min(row["first_at"], record.recorded_at)
+        row["last_at"] = max(row["last_at"], record.recorded_at)
+        if record.step is not None and (row["last_step"] is None
+                                        or record.step > row["last_step"]):
+            row["last_step"] = record.step
+    return list(by_run.values())
+
+
+def _verdict_conditions(query: RolloutQuery) -> list[Any]:
+    outcome, component = query.outcome, query.component
+    if component is None:
+        if outcome in (OK, FAILED):
+            return [rollouts.c.outcome == outcome]
+        if outcome is None:
+            return []
+        return [exists().where(verdicts.c.rollout == rollouts.c.id,
+                               verdicts.c.outcome == outcome)]
+    matches = [verdicts.c.rollout == rollouts.c.id, verdicts.c.component == component]
+    if outcome == FAILED:
+        matches.append(verdicts.c.outcome != OK)
+    elif outcome is not None:
+        matches.append(verdicts.c.outcome == outcome)
+    return [exists().where(*matches)]
+
+
+def _step_summary(step: int | None, counts: Sequence[Any],
+                  scored: Sequence[Any]) -> StepSummary:
+    rollouts_n = failed = 0
+    sources: dict[str, int] = {}
+    for row in counts:
+        if row.step != step:
+            continue
+        rollouts_n += row.n
+        failed += row.n if row.outcome != OK else 0
+        sources[row.source or ""] = sources.get(row.source or "", 0) + row.n
+    parts: dict[str, dict[str, Any]] = {}
+    for row in scored:
+        if row.step != step:
+            continue
+        part = parts.setdefault(row.component, {"n": 0, "rewarded": 0, "total": 0.0,
+                                                "squares": 0.0, "failures": {}})
+        part["n"] += row.n
+        part["rewarded"] += row.rewarded
+        part["total"] += row.total or 0.0
+        part["squares"] += row.squares or 0.0
+        if row.outcome != OK:
+            part["failures"][row.outcome] = part["failures"].get(row.outcome, 0) + row.n
+    components = {}
+    for name, part in sorted(parts.items()):
+        k = part["rewarded"]
+        mean = part["total"] / k if k else None
+        std = (max(part["squares"] / k - mean * mean, 0.0) ** 0.5
+               if k and mean is not None else None)
+        components[name] = ComponentStep(part["n"], mean, std, dict(part["failures"]))
+    return StepSummary(step, rollouts_n, failed, components, dict(sorted(sources.items())))
+
+
+def _summary(row: Any) -> RunSummary:
+    return RunSummary(row.run_id, row.first_at, row.last_at, row.last_step, row.rollouts)
+
+
+def _record(row: Any) -> RolloutRecord:
+    rewards, status = row.rewards or {}, row.status or {}
+    return RolloutRecord(
+        tenant=row.tenant, run_id=row.run_id, group_id=row.group_id,
+        rollout_id=row.rollout_id, recorded_at=row.recorded_at, step=row.step,
+        source=row.source, summary=row.summary, completion=row.completion,
+        verdicts=tuple(Verdict(component, rewards.get(component), kept["outcome"],
+                               kept.get("entry") or {})
+                       for component, kept in sorted(status.items())))

@@ -1,0 +1,191 @@
+"""Writing the record off the request path: :class:`RecordWriter`.
+
+A request hands its rollouts to :meth:`RecordWriter.submit` and goes on (an append under a
+lock); one thread drains the queue into the store in batches. The queue is bounded
+(REWARDD_RECORD_QUEUE rollouts): when the database cannot keep up, or is down, what does not
+fit is dropped and counted (``rewardd_records_dropped_total{reason}``), so recording never
+slows or fails scoring and never grows the API's memory without bound. What was accepted is
+kept while the database is down (retried with backoff) and written when it is back, in order.
+
+The gap is reported, never silent: :meth:`RecordWriter.health` (for ``/readyz``'s detail)
+says how many rollouts were dropped, how many wait, and since when writing fails; the same
+numbers are metrics, with an alert rule on drops.
+
+Why a thread and not the event loop: the database drivers block, and one writer per process
+keeps the writes in order with one connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from rewardd.service.records.models import RolloutRecord
+from rewardd.service.records.store import RecordStore
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+"""Rollouts per transaction: big enough to amortise a round trip, small enough to keep one
+failed write cheap to retry."""
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+PRUNE_EVERY_S = 600.0
+"""How often the writer applies retention (:attr:`RecordWriter.prune`) between writes."""
+
+DropCounter = Callable[[str, int], None]
+"""``count(reason, n)``: where the writer reports dropped rollouts (the metrics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterHealth:
+    queued: int
+    written: int
+    dropped: int
+    failing_since: float | None
+    """time.time() of the first failed write of the current outage (None: writing works)."""
+    last_error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failing_since is None and self.dropped == 0
+
+
+class RecordWriter:
+    """The bounded queue and the writer thread (see the module doc)."""
+
+    def __init__(self, store: Callable[[], RecordStore], capacity: int,
+                 count_dropped: DropCounter | None = None, batch: int = BATCH,
+                 on_written: Callable[[int], None] | None = None,
+                 prune: Callable[[RecordStore], int] | None = None) -> None:
+        self._open_store = store
+        """The store, opened on the first write (raises while the database is unreachable:
+        handled as a failed write)."""
+        self._on_written = on_written or (lambda n: None)
+        self._prune = prune
+        """Retention, run by this thread after a write at most every :data:`PRUNE_EVERY_S`
+        (so it never competes with the writes, and a process that records nothing prunes
+        nothing: another pod's writes prune the shared database)."""
+        self._pruned_at = 0.0
+        self.capacity = capacity
+        self.batch = batch
+        self._count_dropped = count_dropped or (lambda reason, n: None)
+        self._queue: deque[RolloutRecord] = deque()
+        self._lock = threading.Condition()
+        self._closing = False
+        self._stop = threading.Event()
+        self._in_flight = 0
+        """Rollouts at the head of the queue being written now (they leave it once stored)."""
+        self._written = 0
+        self._dropped = 0
+        self._failing_since: float | None = None
+        self._last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="rewardd-record-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, records: Sequence[RolloutRecord]) -> int:
+        """Queue ``records`` for writing; returns how many were accepted (the rest were
+        dropped and counted: the queue is full or the writer closed). Never blocks on the
+        database."""
+        with self._lock:
+            room = 0 if self._closing else self.capacity - len(self._queue)
+            accepted = records[:max(room, 0)]
+            self._queue.extend(accepted)
+            dropped = len(records) - len(accepted)
+            self._dropped += dropped
+            if accepted:
+                self._lock.notify()
+        if dropped:
+            self._count_dropped("closed" if self._closing else "queue_full", dropped)
+        return len(accepted)
+
+    def health(self) -> WriterHealth:
+        with self._lock:
+            return WriterHealth(len(self._queue), self._written, self._dropped,
+                                self._failing_since, self._last_error)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything queued is written (True) or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 0.1))
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (for up to ``timeout_s``), then stop; what is left is
+        dropped and counted."""
+        self.flush(timeout_s)
+        with self._lock:
+            self._closing = True
+            self._stop.set()
+            left = len(self._queue) - self._in_flight
+            for _ in range(left):
+                self._queue.pop()
+            self._dropped += left
+            self._lock.notify_all()
+        if left:
+            self._count_dropped("closed", left)
+        self._thread.join(timeout_s)
+
+    def _maybe_prune(self) -> None:
+        now = time.monotonic()
+        if self._prune is None or now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        try:
+            deleted = self._prune(self._open_store())
+        except Exception:
+            log.exception("applying the run record's retention failed; retrying in %g s",
+                          PRUNE_EVERY_S)
+            return
+        if deleted:
+            log.info("retention deleted %d recorded rollouts", deleted)
+
+    def _run(self) -> None:
+        retry_s = RETRY_MIN_S
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._lock.wait()
+                if self._closing:
+                    return
+                batch = [self._queue[i] for i in range(min(self.batch, len(self._queue)))]
+                self._in_flight = len(batch)
+            try:
+                self._open_store().write(batch)
+            except Exception as exc:
+                with self._lock:
+                    self._in_flight = 0
+                    if self._failing_since is None:
+                        log.warning("the run record cannot be written (%s: %s); scoring goes "
+                                    "on, up to %d rollouts wait for the database",
+                                    type(exc).__name__, exc, self.capacity)
+                        self._failing_since = time.time()
+                    self._last_error = f"{type(exc).__name__}: {exc}"
+                    self._lock.notify_all()
+                if self._stop.wait(retry_s):  # woken early only by close()
+                    return
+                retry_s = min(retry_s * 2, RETRY_MAX_S)
+                continue
+            retry_s = RETRY_MIN_S
+            with self._lock:
+                for _ in batch:
+                    self._queue.popleft()
+                self._written += len(batch)
+                self._in_flight = 0
+                if self._failing_since is not None:
+                    log.warning("the run record is written again")
+                self._failing_since = None
+                self._last_error = None
+                self._lock.notify_all()
+            self._on_written(len(batch))
+            self._maybe_prune()
