@@ -161,6 +161,10 @@ class Group(Contract):
     rollouts: list[Rollout] = Field(min_length=1, fail_fast=True,
                                     description="The group's rollouts (N >= 1).")
     data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
+    source: Name | None = Field(
+        None, description="The dataset this prompt comes from (e.g. 'gsm8k'): echoed in the "
+        "response's group and kept in the run record, whose summaries and filters go by it "
+        "(without it, the record uses data_source).")
 
 
 class Profile(str, Enum):

@@ -119,7 +119,10 @@ def _group_results(flat: FlatBatch, combined: Combined, flags: GroupFlags,
                 item["component_advantages"] = components[i]
             rollouts.append(item)
             i += 1
-        out.append({"group_id": group.group_id, "rollouts": rollouts, "diagnostics": {
+        entry: dict[str, Any] = {"group_id": group.group_id}
+        if group.source is not None:  # echoed only when sent
+            entry["source"] = group.source
+        out.append({**entry, "rollouts": rollouts, "diagnostics": {
             "zero_spread": zero_spread[gi], "filtered": group.group_id in filtered,
             "singleton": singleton[gi], "baseline_size": int(count[gi]), "excluded": excluded,
             "reward_mean": mean[gi] if count[gi] else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 from contextlib import asynccontextmanager
@@ -78,6 +79,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
                 runtime.executor.close()
             if runtime.redis is not None:
                 await runtime.redis.aclose()
+            await asyncio.to_thread(runtime.records.close)  # writes what is queued
 
     app = FastAPI(title="rewardd", version=__version__, description=DESCRIPTION,
                   lifespan=lifespan)

@@ -76,6 +76,13 @@ VERIFIER_OUTCOMES = Counter("rewardd_verifier_outcomes_total",
                             ["verifier", "outcome"])
 ROLLOUTS_SCORED = Counter("rewardd_rollouts_scored_total", "Rollouts scored.")
 GROUPS_SCORED = Counter("rewardd_groups_scored_total", "Groups scored.")
+RECORDS_WRITTEN = Counter("rewardd_records_written_total",
+                          "Rollouts written to the run record.")
+RECORDS_DROPPED = Counter("rewardd_records_dropped_total",
+                          "Rollouts the run record could not keep, by reason (queue_full: "
+                          "the database could not keep up or was down; closed: the process "
+                          "stopped before writing them; error: a recording bug).",
+                          ["reason"])
 SESSION_SWEEPS = Counter("rewardd_session_sweeps_total",
                          "Sweeps of the open sessions this API process made (group timeouts, "
                          "idle sessions, a dead pod's work): a sweep's cost is per session, "
@@ -497,3 +504,11 @@ class MetricsMiddleware(HttpMiddleware):
 
 __all__ = ["MetricsMiddleware", "ScrapeCollector", "observe_batch", "observe_verifier",
            "register_job_counter", "render"]
+
+
+def count_records_dropped(reason: str, count: int) -> None:
+    RECORDS_DROPPED.labels(reason).inc(count)
+
+
+def count_records_written(count: int) -> None:
+    RECORDS_WRITTEN.inc(count)

@@ -136,6 +136,7 @@ class GroupDiagnostics(BaseModel):
 
 class GroupResult(BaseModel):
     group_id: str
+    source: str | None = Field(None, description="The group's `source`, when it has one.")
     rollouts: list[RolloutResult]
     diagnostics: GroupDiagnostics
 

@@ -31,6 +31,11 @@ from rewardd.verifiers.base import Outcome, Sample
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
                               VerifyCall, keeps_group_whole)
 
+BatchRecorder = Callable[[str | None, int | None, Sequence[Any], Mapping[str, Any]], int]
+"""``record(run_id, step, groups, body)``: hands a scored batch to the run record
+(:class:`rewardd.service.records.recorder.TenantRecorder`), in the thread that built the
+response; queues and returns at once, never raises."""
+
 GroupCallback = Callable[[int, list[CallResult]], None]
 """Called once per group, in the event loop, with the group's index in the request and the
 results of its calls (one per reward component, in the order of ``rewards``) as soon as all
@@ -204,23 +209,27 @@ def validated(req: ScoreRequest | RewardsRequest, settings: Settings) -> FlatBat
 async def score(req: ScoreRequest, executor: Executor, settings: Settings,
                 progress: ProgressCallback | None = None,
                 runs: RunStore | None = None,
-                on_group: GroupCallback | None = None) -> dict[str, Any]:
+                on_group: GroupCallback | None = None,
+                record: BatchRecorder | None = None) -> dict[str, Any]:
     """POST /v1/score (and a job): verify every rollout, then advantages."""
     return await _verify_then_respond(req, req.advantage, executor, settings, progress, runs,
-                                      on_group)
+                                      on_group, record)
 
 
 async def rewards(req: RewardsRequest, executor: Executor, settings: Settings,
-                  progress: ProgressCallback | None = None) -> dict[str, Any]:
+                  progress: ProgressCallback | None = None,
+                  record: BatchRecorder | None = None) -> dict[str, Any]:
     """POST /v1/rewards: verify every rollout; no advantages."""
-    return await _verify_then_respond(req, None, executor, settings, progress, None)
+    return await _verify_then_respond(req, None, executor, settings, progress, None,
+                                      record=record)
 
 
 async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: AdvantageSpec | None,
                                executor: Executor, settings: Settings,
                                progress: ProgressCallback | None,
                                runs: RunStore | None,
-                               on_group: GroupCallback | None = None) -> dict[str, Any]:
+                               on_group: GroupCallback | None = None,
+                               record: BatchRecorder | None = None) -> dict[str, Any]:
     with heavy.scope():  # a job's or a gRPC call's own; a route's is already open
         heavy.mark(heavy.heavy_rollouts(sum(len(group.rollouts) for group in req.groups)))
         flat = await heavy.offload(validated, req, settings)
@@ -230,8 +239,11 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
         def finish() -> dict[str, Any]:
             with gc_paused():
                 columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
-                return respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
+                body = respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
                                spec, runs)
+                if record is not None and req.run_id is not None:
+                    record(req.run_id, req.step, flat.groups, body)  # queued, never raises
+                return body
 
         # the advantage step is CPU-bound: off the event loop, so other requests keep flowing
         return await heavy.offload(finish)

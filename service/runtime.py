@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rewardd.service import metrics
 from rewardd.service.budgets import TenantBudgets
 from rewardd.service.limits import Limiter, MemoryLimiter, RedisLimiter
+from rewardd.service.records.recorder import Recorder
 from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import KeyRing, load_keys
@@ -43,6 +45,8 @@ class Runtime:
     """Per-tenant slots of work in flight."""
     budgets: TenantBudgets
     """Per-tenant bounds on what this process holds for a tenant (streams, parked requests)."""
+    records: Recorder
+    """The run record (opened on first use; each tenant records through ``for_tenant``)."""
     redis: redis.asyncio.Redis | None = None
     """The shared-state client (jobs, sessions, limits across pods); None: all in process."""
     _executor: Executor | None = field(default=None, repr=False)
@@ -70,10 +74,11 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     the broker is set, so every API pod sees the same runs, jobs and slots; else in this
     process. A bad key file stops the start here, with the reason (``KeysInvalid``)."""
     keys = load_keys(settings)
+    records = Recorder(settings, metrics.count_records_dropped, metrics.count_records_written)
     url = settings.state_redis_url
     if not url:
         return Runtime(settings=settings, keys=keys, runs=MemoryRunStore(settings.run_state_ttl_s),
-                       limiter=MemoryLimiter(settings.retry_after_s),
+                       records=records, limiter=MemoryLimiter(settings.retry_after_s),
                        budgets=TenantBudgets(settings.retry_after_s), _executor=executor)
     import redis
     import redis.asyncio
@@ -87,7 +92,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_CONNECTION_WAIT_S, **options)
     client = redis.asyncio.Redis(connection_pool=pool)
     runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
-    return Runtime(settings=settings, keys=keys, runs=runs,
+    return Runtime(settings=settings, keys=keys, runs=runs, records=records,
                    limiter=RedisLimiter(client, settings.retry_after_s),
                    budgets=TenantBudgets(settings.retry_after_s), redis=client,
                    _executor=executor)

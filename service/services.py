@@ -19,6 +19,7 @@ from rewardd.service.compat.scorer import CompatScorer
 from rewardd.service.jobs.service import JobService
 from rewardd.service.jobs.store import JobStore, MemoryJobStore, RedisJobStore
 from rewardd.service.limits import Limiter
+from rewardd.service.records.recorder import Recorder
 from rewardd.service.runstate import RunStore
 from rewardd.service.runtime import Runtime, build_runtime
 from rewardd.service.sessions.manager import SessionManager
@@ -61,6 +62,10 @@ class Services:
     @property
     def limiter(self) -> Limiter:
         return self.runtime.limiter
+
+    @property
+    def records(self) -> Recorder:
+        return self.runtime.records
 
     @property
     def executor(self) -> Executor:

@@ -6,7 +6,10 @@ nothing else in the code base reads the environment.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 
@@ -170,10 +173,57 @@ class Settings(WorkerSettings):
         "stalled every tenant's requests. 4,194,304 tokens is 1,024 rollouts of 4,096 tokens "
         "(an answer of ~80 MB of JSON); larger batches use output `scalar` or split.")
 
+    # ---- the run record (issue 29) ----
+    record_runs: bool = Field(
+        True, description="Record every scored rollout of a request that names a `run_id` "
+        "(its verdicts, statuses, advantage summary and, as REWARDD_RECORD_COMPLETIONS says, "
+        "its completion) for GET /v1/runs/... Written off the request path; off: nothing is "
+        "recorded.")
+    data_dir: str = Field(
+        default_factory=lambda: str(default_data_dir()),
+        description="Where an embedded rewardd keeps its files: the run record's SQLite "
+        "database (records.sqlite3) when REWARDD_DATABASE_URL is unset. Default: "
+        "$XDG_DATA_HOME/rewardd, else ~/.local/share/rewardd.")
+    database_url: str | None = Field(
+        None, description="The run record's database for shared deployments: "
+        "postgresql://user@host:port/database (every API pod writes and reads the same "
+        "record). Unset: a SQLite file under REWARDD_DATA_DIR. Migrated on first use.")
+    record_completions: Literal["all", "failed", "sample", "none"] = Field(
+        "all", description="Which completions the record keeps (replay re-scores only "
+        "rollouts recorded with theirs): `all`; `failed` (a component failed or gave 0); "
+        "`sample` (a share, REWARDD_RECORD_SAMPLE_RATE, chosen by a hash of the rollout, so "
+        "the same rollouts on every pod); `none`.")
+    record_sample_rate: float = Field(
+        0.1, ge=0.0, le=1.0, description="The share of completions kept under "
+        "REWARDD_RECORD_COMPLETIONS=sample.")
+    record_queue: int = Field(
+        100_000, ge=1, description="Rollouts waiting to be written to the record, at most, "
+        "per API process; more while the database is slow or down are dropped and counted "
+        "(rewardd_records_dropped_total), never slowing or failing scoring.")
+    record_retention_days: float | None = Field(
+        30.0, gt=0, description="Recorded rollouts older than this are deleted (per tenant; "
+        "unset: kept).")
+    record_retention_rollouts: int | None = Field(
+        None, gt=0, description="At most this many recorded rollouts per tenant; the oldest "
+        "go first (unset: no bound).")
+
+    @property
+    def record_database_url(self) -> str:
+        """REWARDD_DATABASE_URL, else the SQLite file under REWARDD_DATA_DIR."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{Path(self.data_dir).expanduser() / 'records.sqlite3'}"
+
     @property
     def state_redis_url(self) -> str | None:
         """Where shared state lives: REWARDD_STATE_URL, else the broker (None: in process)."""
         return self.state_url or self.broker_url
+
+
+def default_data_dir() -> Path:
+    """$XDG_DATA_HOME/rewardd, else ~/.local/share/rewardd."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "rewardd"
 
 
 @lru_cache(maxsize=1)

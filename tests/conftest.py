@@ -3,6 +3,8 @@ OpenAI-compatible judge server for the judge tests of every layer."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Iterator
 
 import pytest
@@ -11,6 +13,13 @@ from tests.support.judge_server import JudgeServer
 from tests.support.server import ServerFailed, running_server
 
 SERVER_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's run record goes to a folder of its own (the servers it starts inherit it
+    through tests/support/server.child_env), never to the user's ~/.local/share/rewardd."""
+    if "REWARDD_DATA_DIR" not in os.environ:
+        os.environ["REWARDD_DATA_DIR"] = tempfile.mkdtemp(prefix="rewardd-test-data-")
 
 
 @pytest.fixture(scope="session")

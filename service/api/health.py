@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardd.service import __version__, metrics
 from rewardd.service.api.deps import METRICS_AUTH_RESPONSES, metrics_access
-from rewardd.service.services import ServicesDep
+from rewardd.service.services import Services, ServicesDep
+from rewardd.service.timestamps import iso
 from rewardd.verifiers.code.sandbox import isolation
 
 router = APIRouter(tags=["operations"])
@@ -33,14 +34,31 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     a long batch never delays the answer); `executor.consumers_by_queue` and
     `executor.queues_without_consumer` list every routed queue. Embedded: a pool worker answers
     a round trip. When not ready, `reason` says why (the broker is unreachable, which queue has
-    no live consumer, or the worker pool died and its replacement is starting)."""
+    no live consumer, or the worker pool died and its replacement is starting). `record`
+    says whether the run record keeps up: a database that is down never makes the service
+    unready (scoring goes on), but `record.ok` turns false with the rollouts waiting and
+    dropped, since when writing fails and why."""
     executor = services.executor
     ready = await executor.ready(READY_WAIT_S)
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
     if not ready:
         body["reason"] = executor.not_ready_reason(READY_WAIT_S)
-    body.update(executor=executor.describe(), sandbox=await asyncio.to_thread(sandbox_isolation))
+    body.update(executor=executor.describe(), sandbox=await asyncio.to_thread(sandbox_isolation),
+                record=record_health(services))
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+def record_health(services: Services) -> dict[str, object]:
+    """The run record's writer, for /readyz (nothing recorded yet: only whether it is on)."""
+    recorder = services.records
+    if not recorder.enabled:
+        return {"enabled": False}
+    health = recorder.health()
+    if health is None:
+        return {"enabled": True, "ok": True, "written": 0}
+    return {"enabled": True, "ok": health.ok, "queued": health.queued,
+            "written": health.written, "dropped": health.dropped,
+            "failing_since": iso(health.failing_since), "last_error": health.last_error}
 
 
 def sandbox_isolation() -> dict[str, object]:

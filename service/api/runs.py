@@ -1,40 +1,90 @@
-"""GET and DELETE /v1/runs/{run_id}: view and reset the state stateful entries keep per run.
+"""The runs routes: the run record (GET /v1/runs, GET /v1/runs/{run_id}/rollouts) and the
+state stateful entries keep per run (GET and DELETE /v1/runs/{run_id}).
 
-A tenant sees only its own runs: another tenant's run of the same id is simply not there."""
+A tenant sees only its own runs: another tenant's run of the same id is simply not there.
+The logic is :mod:`rewardd.service.runview`; these functions only read parameters."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 
+from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
-from rewardd.service.errors import NotFound
 from rewardd.service.models import ErrorResponse
-from rewardd.service.services import ServicesDep
+from rewardd.service.records.models import RolloutQuery
+from rewardd.service.records.store import MAX_PAGE
+from rewardd.service.runmodels import RolloutPageBody, RunList, RunView
+from rewardd.service.runview import RunRecords
+from rewardd.service.services import Services, ServicesDep
 from rewardd.service.tenancy import Tenant
 
 router = APIRouter(prefix="/v1", tags=["runs"], dependencies=[Depends(current_tenant)],
                    responses=AUTH_RESPONSES)
 
+UNAVAILABLE = {503: {"model": ErrorResponse, "description": "The run record's database "
+                     "cannot be reached (the reason says what to check)."}}
 
-@router.get("/runs/{run_id}", summary="Run state",
-            responses={404: {"model": ErrorResponse, "description": "The run has no state for "
-                             "this tenant (never seen, expired or reset, or another tenant's)."}})
+
+def records_of(services: Services, tenant: Tenant) -> RunRecords:
+    return RunRecords(services.records, services.runs.for_tenant(tenant.name), tenant.name)
+
+
+@router.get("/runs", summary="Recorded runs", response_model=RunList, responses=UNAVAILABLE)
+async def list_runs(services: ServicesDep, tenant: Tenant = Depends(current_tenant),
+                    limit: int = Query(100, ge=1, le=MAX_PAGE,
+                                       description="Most runs to list.")) -> RunList:
+    """The tenant's recorded runs, the most recently scored first."""
+    return await records_of(services, tenant).list(limit)
+
+
+@router.get("/runs/{run_id}", summary="Run state and record", response_model=RunView,
+            responses={**UNAVAILABLE, 404: {
+                "model": ErrorResponse, "description": "The run has neither state nor record "
+                "for this tenant (never seen, expired, reset or pruned, or another tenant's)."}})
 async def view_run(run_id: str, services: ServicesDep,
-                   tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
-    """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run."""
-    runs = services.runs.for_tenant(tenant.name)
-    state = await run_in_threadpool(runs.view, run_id)
-    if state is None:
-        raise NotFound(f"run {run_id!r} has no state (never seen, expired or reset)")
-    return {"run_id": run_id, "state": state}
+                   tenant: Tenant = Depends(current_tenant),
+                   steps: int = Query(100, ge=0, le=MAX_PAGE, description="Per-step "
+                                      "summaries of this many last steps.")) -> RunView:
+    """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run, and
+    its record: counts and per-step summaries (rollouts, failures, per-component reward mean
+    and spread, rollouts per source)."""
+    return await records_of(services, tenant).view(run_id, steps)
+
+
+@router.get("/runs/{run_id}/rollouts", summary="Recorded rollouts", response_model=RolloutPageBody,
+            responses={**UNAVAILABLE, 404: {"model": ErrorResponse,
+                                            "description": "The run has no record."}})
+async def run_rollouts(
+        run_id: str, services: ServicesDep, tenant: Tenant = Depends(current_tenant),
+        step: int | None = Query(None, ge=0, description="Only this step."),
+        source: str | None = Query(None, description="Only this source."),
+        component: str | None = Query(None, description="Only rollouts this component "
+                                      "scored (with `outcome`: its outcome)."),
+        outcome: str | None = Query(None, description="`ok`, `failed`, or a failure kind "
+                                    "(`timeout`, `unavailable`, ...)."),
+        q: str | None = Query(None, max_length=256, description="A substring of the "
+                              "completion."),
+        cursor: str | None = Query(None, description="`next_cursor` of the previous page."),
+        limit: int = Query(100, ge=1, le=MAX_PAGE)) -> RolloutPageBody:
+    """The run's recorded rollouts in the order they were scored, each with its verdicts
+    (status, evidence), summary and completion (when kept), filtered and paged."""
+    after = None
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise RequestInvalid([error(("query", "cursor"), "not a cursor this API gave: "
+                                        "pass `next_cursor` of the previous page")])
+        after = int(cursor)
+    query = RolloutQuery(step=step, source=source, component=component, outcome=outcome,
+                         text=q, after=after, limit=limit)
+    return await records_of(services, tenant).rollouts(run_id, query)
 
 
 @router.delete("/runs/{run_id}", summary="Reset run state")
 async def reset_run(run_id: str, services: ServicesDep,
                     tenant: Tenant = Depends(current_tenant)) -> dict[str, Any]:
-    """Forget the run's state; the next request starts it afresh."""
+    """Forget the run's state; the next request starts it afresh (its record stays)."""
     runs = services.runs.for_tenant(tenant.name)
     return {"run_id": run_id, "reset": await run_in_threadpool(runs.reset, run_id)}

@@ -30,7 +30,8 @@ async def score(request: Request, services: ServicesDep,
             req = await read_model(request, ScoreRequest, tenant)
             return await answer(request, await pipeline.score(
                 req, services.executor, services.settings,
-                runs=services.runs.for_tenant(tenant.name)))
+                runs=services.runs.for_tenant(tenant.name),
+                record=services.records.for_tenant(tenant.name)))
 
 
 @router.post("/rewards", response_model=None, openapi_extra=body(RewardsRequest),
@@ -41,8 +42,9 @@ async def rewards(request: Request, services: ServicesDep,
     async with services.limiter.hold(tenant):
         with heavy.scope():
             req = await read_model(request, RewardsRequest, tenant)
-            return await answer(request, await pipeline.rewards(req, services.executor,
-                                                                services.settings))
+            return await answer(request, await pipeline.rewards(
+                req, services.executor, services.settings,
+                record=services.records.for_tenant(tenant.name)))
 
 
 @router.post("/advantages", response_model=None, openapi_extra=body(AdvantagesRequest),

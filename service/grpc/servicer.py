@@ -104,7 +104,8 @@ class RewarddServicer(pb_grpc.RewarddServicer):
             async def run() -> dict[str, Any]:
                 req = await read_message(request, ScoreRequest, tenant)
                 return await pipeline.score(req, services.executor, services.settings,
-                                            runs=services.runs.for_tenant(tenant.name))
+                                            runs=services.runs.for_tenant(tenant.name),
+                                            record=services.records.for_tenant(tenant.name))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)
@@ -115,7 +116,8 @@ class RewarddServicer(pb_grpc.RewarddServicer):
         async def work(tenant: Tenant) -> bytes:
             async def run() -> dict[str, Any]:
                 req = await read_message(request, RewardsRequest, tenant)
-                return await pipeline.rewards(req, services.executor, services.settings)
+                return await pipeline.rewards(req, services.executor, services.settings,
+                                              record=services.records.for_tenant(tenant.name))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)

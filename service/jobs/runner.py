@@ -235,7 +235,8 @@ class JobRunner:
                 result = await pipeline.score(req, runtime.executor, runtime.settings,
                                               progress=tracker.progress,
                                               runs=runtime.runs.for_tenant(job.tenant),
-                                              on_group=tracker.group)
+                                              on_group=tracker.group,
+                                              record=runtime.records.for_tenant(job.tenant))
             watch.cancel()
             await self._flush(job.id, tracker)
             data = await asyncio.to_thread(dump_result, result)

@@ -117,9 +117,11 @@ SERIES = {
     'rewardd_queue_oldest_age_seconds{queue="cpu", instance="api-0"}': "0+60x15",
     'rewardd_http_requests_total{status="200", route="/v1/score"}': "0+90x15",
     'rewardd_http_requests_total{status="500", route="/v1/score"}': "0+10x15",
+    'rewardd_records_dropped_total{reason="queue_full", instance="api-0"}': "0x5 10+10x9",
 }
 """Input series (one value a minute): no worker for sandbox while it has work, one worker at
-isolation ``namespaces``, a cpu backlog aging a minute a minute, 10% of requests failing."""
+isolation ``namespaces``, a cpu backlog aging a minute a minute, 10% of requests failing,
+the run record dropping rollouts from minute 6."""
 
 EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
     # (eval time, alert, [(labels, summary)])
@@ -133,6 +135,9 @@ EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
      [({"queue": "cpu"}, "Queue cpu: the oldest call has waited 12m 0s")]),
     ("15m", "RewarddHighErrorRate", [({}, "rewardd answers 10% of requests with 5xx")]),
     ("15m", "RewarddNoWorkers", []),
+    ("5m", "RewarddRecordDropping", []),
+    ("8m", "RewarddRecordDropping",
+     [({"reason": "queue_full"}, "The run record is dropping rollouts (queue_full)")]),
 ]
 
 

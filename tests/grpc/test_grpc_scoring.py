@@ -4,6 +4,7 @@ each compared with the same request over REST on the same server."""
 from __future__ import annotations
 
 import math
+import time
 
 import httpx
 import numpy as np
@@ -12,7 +13,7 @@ from google.protobuf import json_format
 
 from rewardd.service.grpc import rewardd_pb2 as pb
 from rewardd.service.grpc.convert import rows_of
-from tests.grpc.conftest import KEY, auth
+from tests.grpc.conftest import KEY, OTHER_KEY, auth
 from tests.grpc.requests import SCORE, body, message, score_message
 
 pytestmark = pytest.mark.e2e
@@ -157,3 +158,27 @@ def test_precomputed_components_with_a_missing_value(grpc_server):
         [r["reward"] for r in want["groups"][0]["rollouts"]] == [2.0, None, 0.0]
     assert rollouts[1].excluded and rollouts[1].status["y"].error == "missing"
     assert list(got.advantages.scalar.values) == rest_rows(want)
+
+
+def test_rewards_over_grpc_are_recorded_with_their_source(grpc_server):
+    data = {k: v for k, v in SCORE.items() if k != "advantage"}
+    data = {**data, "run_id": "grpc-recorded", "step": 5,
+            "groups": [{**g, "source": "humaneval"} for g in data["groups"]]}
+    got = grpc_server.stub().Rewards(message(pb.RewardsRequest, data), metadata=auth(),
+                                     timeout=60)
+    assert [g.source for g in got.groups] == ["humaneval", "humaneval"]
+    view = None
+    for _ in range(600):  # the record is written off the request path: a guard, not a bound
+        response = httpx.get(f"{grpc_server.url}/v1/runs/grpc-recorded", headers=HEADERS,
+                             timeout=60)
+        if response.status_code == 200 and response.json()["record"]["rollouts"] == 6:
+            view = response.json()
+            break
+        time.sleep(0.1)
+    assert view is not None, response.text
+    [step] = view["steps"]
+    assert (step["step"], step["sources"]) == (5, {"humaneval": 6})
+    assert step["components"]["fmt"]["mean"] == pytest.approx(5 / 6)
+    other = httpx.get(f"{grpc_server.url}/v1/runs/grpc-recorded",
+                      headers={"Authorization": f"Bearer {OTHER_KEY}"}, timeout=60)
+    assert other.status_code == 404

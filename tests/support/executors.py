@@ -9,6 +9,7 @@ from rewardd.verifiers.base import Outcome
 
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ItemResult,
                               ProgressCallback, VerifyCall)
+from rewardd.workers.tasks import verify_group_task
 
 
 class RefusingExecutor(Executor):
@@ -53,3 +54,20 @@ class GatedExecutor(RefusingExecutor):
         await self.gate.wait()
         return [CallResult([ItemResult(Outcome.success(1.0), 0.0) for _ in call.samples])
                 for call in calls]
+
+
+class InlineExecutor(GatedExecutor):
+    """Runs each call with the worker's own task function, in this process: real verdicts
+    without a pool (the API's tests of what happens after verification)."""
+
+    kind = "inline"
+
+    async def run(self, calls: Sequence[VerifyCall], progress: Any = None,
+                  on_call_done: Any = None) -> list[CallResult]:
+        results = [CallResult([ItemResult.from_task(item)
+                               for item in verify_group_task(*call.task_args())])
+                   for call in calls]
+        if on_call_done is not None:
+            for index, result in enumerate(results):
+                on_call_done(index, result)
+        return results

@@ -31,7 +31,8 @@ def free_port() -> int:
 
 def child_env() -> dict[str, str]:
     """Environment for rewardd child processes: no stray REWARDD_* settings, repo importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARDD_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("REWARDD_") or k == "REWARDD_DATA_DIR"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env["PYTHONPATH"] = str(REPO_ROOT)
     return env

@@ -8,7 +8,7 @@ label a request's ``backend.model`` gets is the one the whole path produces.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import pytest
@@ -18,30 +18,12 @@ from rewardd.service import metrics
 from rewardd.service.app import create_app
 from rewardd.service.settings import Settings
 from rewardd.verifiers.judge.backend import REQUEST_MODEL
-from rewardd.workers.executor import CallResult, ItemResult, VerifyCall
-from rewardd.workers.tasks import verify_group_task
-from tests.support.executors import GatedExecutor
+from tests.support.executors import GatedExecutor, InlineExecutor
 from tests.support.judge_server import JudgeServer
 
 RUBRIC = {"rubric": [{"criterion": "Mentions 'aspirin'", "points": 1}]}
 JUDGE_METRICS = ("rewardd_judge_calls_total", "rewardd_judge_tokens_total",
                  "rewardd_judge_cost_usd_total", "rewardd_judge_retries_total")
-
-
-class InlineExecutor(GatedExecutor):
-    """Runs each call with the worker's own task function, in this process."""
-
-    kind = "inline"
-
-    async def run(self, calls: Sequence[VerifyCall], progress: Any = None,
-                  on_call_done: Any = None) -> list[CallResult]:
-        results = [CallResult([ItemResult.from_task(item)
-                               for item in verify_group_task(*call.task_args())])
-                   for call in calls]
-        if on_call_done is not None:
-            for index, result in enumerate(results):
-                on_call_done(index, result)
-        return results
 
 
 def client(app: Any) -> httpx.AsyncClient:

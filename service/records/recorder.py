@@ -1,0 +1,191 @@
+"""From a scored batch to the record: :class:`Recorder`, one per app.
+
+A batch is recorded when its request names a ``run_id`` (and REWARDD_RECORD_RUNS is on):
+:meth:`Recorder.record_batch` turns the response the trainer gets into one
+:class:`~rewardd.service.records.models.RolloutRecord` per rollout and hands them to the
+writer (:mod:`.writer`), in the thread that built the response, so the event loop pays
+nothing. The database is opened on first use, not when the app starts: an app that never sees
+a ``run_id`` never touches it, and a database that is down at start costs nothing until then
+(the writer retries; queries answer 503).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from rewardd.service.records.models import OK, Retention, RolloutRecord, Verdict
+from rewardd.service.records.store import RecordStore
+from rewardd.service.records.writer import DropCounter, RecordWriter, WriterHealth
+from rewardd.service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Recorder:
+    """The app's record: a lazily opened store, its writer, and the batch-to-records step."""
+
+    def __init__(self, settings: Settings, count_dropped: DropCounter | None = None,
+                 count_written: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self._count_dropped = count_dropped
+        self._count_written = count_written
+        self._lock = threading.Lock()
+        self._store: RecordStore | None = None
+        self._writer: RecordWriter | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.record_runs
+
+    def for_tenant(self, tenant: str) -> TenantRecorder:
+        """What a scoring path is handed: records its batches under ``tenant``."""
+        return TenantRecorder(self, tenant)
+
+    def store(self) -> RecordStore:
+        """The record's store, opened (and migrated) on first use; raises while the database
+        cannot be reached (the next call tries again)."""
+        with self._lock:
+            if self._store is None:
+                self._store = RecordStore.open(self.settings.record_database_url)
+            return self._store
+
+    def writer(self) -> RecordWriter:
+        with self._lock:
+            if self._writer is None:
+                self._writer = RecordWriter(self.store, self.settings.record_queue,
+                                            self._count_dropped, on_written=self._count_written,
+                                            prune=self.apply_retention)
+            return self._writer
+
+    @property
+    def retention(self) -> Retention:
+        days = self.settings.record_retention_days
+        return Retention(max_age_s=days * 86400.0 if days is not None else None,
+                         max_rollouts=self.settings.record_retention_rollouts)
+
+    def apply_retention(self, store: RecordStore) -> int:
+        """REWARDD_RECORD_RETENTION_* for every tenant of the record; rollouts deleted."""
+        retention = self.retention
+        if retention.max_age_s is None and retention.max_rollouts is None:
+            return 0
+        return sum(store.prune(tenant, retention) for tenant in store.tenants())
+
+    def record_batch(self, tenant: str, run_id: str | None, step: int | None,
+                     groups: Sequence[Any], body: Mapping[str, Any]) -> int:
+        """Queue one record per rollout of a scored batch (``groups``: the request's, in the
+        order of ``body["groups"]``). Returns how many were accepted (0: not recorded)."""
+        if not self.enabled or run_id is None:
+            return 0
+        records = batch_records(tenant, run_id, step, groups, body, self.settings,
+                                time.time())
+        return self.writer().submit(records) if records else 0
+
+    def health(self) -> WriterHealth | None:
+        """The writer's state (None before anything was recorded)."""
+        writer = self._writer
+        return writer.health() if writer is not None else None
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (up to ``timeout_s``), then release the database."""
+        with self._lock:
+            writer, store = self._writer, self._store
+            self._writer = self._store = None
+        if writer is not None:
+            writer.close(timeout_s)
+        if store is not None:
+            store.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecorder:
+    """:meth:`Recorder.record_batch` for one tenant, and never raising: a bug in recording
+    must not fail the batch it records (it is logged and its rollouts counted as dropped)."""
+
+    recorder: Recorder
+    tenant: str
+
+    def __call__(self, run_id: str | None, step: int | None, groups: Sequence[Any],
+                 body: Mapping[str, Any]) -> int:
+        try:
+            return self.recorder.record_batch(self.tenant, run_id, step, groups, body)
+        except Exception:
+            log.exception("could not record a batch of run %r", run_id)
+            dropped = sum(len(group.rollouts) for group in groups)
+            if self.recorder._count_dropped is not None:
+                self.recorder._count_dropped("error", dropped)
+            return 0
+
+
+def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[Any],
+                  body: Mapping[str, Any], settings: Settings,
+                  now: float) -> list[RolloutRecord]:
+    """One record per rollout of ``body`` (a scoring response), with the completion kept as
+    REWARDD_RECORD_COMPLETIONS says."""
+    records: list[RolloutRecord] = []
+    for group, answered in zip(groups, body.get("groups") or ()):
+        source = group.source or group.data_source
+        for rollout, item in zip(group.rollouts, answered["rollouts"]):
+            verdicts = tuple(_verdict(name, item["rewards"].get(name), entry)
+                             for name, entry in item["status"].items())
+            record = RolloutRecord(
+                tenant=tenant, run_id=run_id, group_id=group.group_id,
+                rollout_id=rollout.rollout_id, verdicts=verdicts, recorded_at=now, step=step,
+                source=source, summary=_summary(item))
+            completion = rollout.completion
+            if completion is not None and _keeps_completion(record, settings):
+                record = _with_completion(record, completion)
+            records.append(record)
+    return records
+
+
+def _verdict(component: str, reward: float | None, entry: Mapping[str, Any]) -> Verdict:
+    outcome = OK if entry.get("ok") else str(entry.get("error") or "failed")
+    return Verdict(component, reward, outcome, entry)
+
+
+def _summary(item: Mapping[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {"reward": item.get("reward"),
+                               "excluded": bool(item.get("excluded"))}
+    advantages = item.get("advantages")
+    if isinstance(advantages, (int, float)):  # output scalar
+        summary["advantage_mean"] = float(advantages)
+    elif isinstance(advantages, dict) and isinstance(advantages.get("rle"), list):
+        runs = advantages["rle"]
+        tokens = sum(length for _, length in runs)
+        if tokens:
+            summary["advantage_mean"] = math.fsum(v * n for v, n in runs) / tokens
+        summary["tokens"] = tokens
+    elif isinstance(advantages, list):  # output dense
+        if advantages:
+            summary["advantage_mean"] = math.fsum(advantages) / len(advantages)
+        summary["tokens"] = len(advantages)
+    return summary
+
+
+def _keeps_completion(record: RolloutRecord, settings: Settings) -> bool:
+    policy = settings.record_completions
+    if policy == "all":
+        return True
+    if policy == "failed":
+        return record.outcome != OK or any(v.reward == 0 for v in record.verdicts)
+    if policy == "sample":
+        return sampled(record, settings.record_sample_rate)
+    return False
+
+
+def sampled(record: RolloutRecord, rate: float) -> bool:
+    """The same rollouts on every pod and in every run of the batch: a hash of the rollout's
+    identity, not a random draw."""
+    key = "\x1f".join((record.tenant, record.run_id, record.group_id, record.rollout_id))
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < rate * 2.0 ** 64
+
+
+def _with_completion(record: RolloutRecord, completion: str) -> RolloutRecord:
+    return replace(record, completion=completion)

@@ -1,0 +1,94 @@
+"""The request logic of the run routes (GET /v1/runs, /v1/runs/{run_id},
+/v1/runs/{run_id}/rollouts), below the HTTP edge so gRPC and the CLI can share it: the run
+record's queries (blocking, run in a thread) turned into typed bodies. A record that cannot
+be opened is :class:`~rewardd.service.errors.Unavailable` (503 with the reason), never an
+empty answer that would read as "no runs".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from rewardd.service.errors import NotFound, Unavailable
+from rewardd.service.records.models import RolloutQuery, RunSummary, StoredRollout
+from rewardd.service.records.recorder import Recorder
+from rewardd.service.records.store import RecordStore
+from rewardd.service.runmodels import (ComponentStepInfo, RolloutInfo, RolloutPageBody,
+                                       RunInfo, RunList, RunView, StepInfo, VerdictInfo)
+from rewardd.service.runstate import RunStore
+from rewardd.service.timestamps import iso
+
+
+class RunRecords:
+    """One tenant's view of the run record and run state."""
+
+    def __init__(self, recorder: Recorder, runs: RunStore, tenant: str) -> None:
+        self.recorder = recorder
+        self.runs = runs
+        self.tenant = tenant
+
+    async def list(self, limit: int) -> RunList:
+        store = await self._store()
+        found = await run_in_threadpool(store.runs, self.tenant, limit)
+        return RunList(runs=[_run_info(run) for run in found])
+
+    async def view(self, run_id: str, steps: int) -> RunView:
+        state = await run_in_threadpool(self.runs.view, run_id)
+        record, summaries = None, []
+        if self.recorder.enabled:
+            store = await self._store()
+            record = await run_in_threadpool(store.run, self.tenant, run_id)
+            if record is not None and steps:
+                summaries = await run_in_threadpool(store.steps, self.tenant, run_id, steps)
+        if state is None and record is None:
+            raise NotFound(f"run {run_id!r} has no state and no record (never seen, expired, "
+                           "reset or pruned)")
+        return RunView(run_id=run_id, state=state,
+                       record=_run_info(record) if record is not None else None,
+                       steps=[StepInfo(step=s.step, rollouts=s.rollouts,
+                                       failed_rollouts=s.failed_rollouts,
+                                       components={name: ComponentStepInfo(
+                                           rollouts=c.rollouts, mean=c.mean, std=c.std,
+                                           failures=dict(c.failures))
+                                           for name, c in s.components.items()},
+                                       sources=dict(s.sources)) for s in summaries])
+
+    async def rollouts(self, run_id: str, query: RolloutQuery) -> RolloutPageBody:
+        store = await self._store()
+        if await run_in_threadpool(store.run, self.tenant, run_id) is None:
+            raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
+        page = await run_in_threadpool(store.rollouts, self.tenant, run_id, query)
+        return RolloutPageBody(rollouts=[_rollout_info(item) for item in page.items],
+                               next_cursor=str(page.next_cursor)
+                               if page.next_cursor is not None else None)
+
+    async def _store(self) -> RecordStore:
+        if not self.recorder.enabled:
+            raise NotFound("this server records no runs (REWARDD_RECORD_RUNS=false)")
+        try:
+            return await run_in_threadpool(self.recorder.store)
+        except Exception as exc:
+            raise Unavailable(f"the run record's database cannot be reached "
+                              f"({type(exc).__name__}: {exc}); check REWARDD_DATABASE_URL "
+                              "and the database, then retry") from exc
+
+
+def _run_info(run: RunSummary) -> RunInfo:
+    return RunInfo(run_id=run.run_id, first_at=iso(run.first_at) or "",
+                   last_at=iso(run.last_at) or "", last_step=run.last_step,
+                   rollouts=run.rollouts)
+
+
+def _rollout_info(item: StoredRollout) -> RolloutInfo:
+    record = item.record
+    verdicts: dict[str, Any] = {v.component: VerdictInfo(reward=v.reward, outcome=v.outcome,
+                                                          status=dict(v.status))
+                                for v in record.verdicts}
+    return RolloutInfo(id=item.id, run_id=record.run_id, step=record.step,
+                       source=record.source, group_id=record.group_id,
+                       rollout_id=record.rollout_id, recorded_at=iso(record.recorded_at) or "",
+                       outcome=record.outcome, verdicts=verdicts,
+                       summary=dict(record.summary) if record.summary is not None else None,
+                       completion=record.completion)
