@@ -1,4 +1,5 @@
-"""The ``rewardd`` command: serve the API, score JSONL files offline, write the OpenAPI document.
+"""The ``rewardd`` command: serve the API, score JSONL files offline, write the OpenAPI document,
+read the run record of a running server (``rewardd runs``, :mod:`rewardd.service.runs_cli`).
 
 Every flag mirrors a ``REWARDD_*`` setting (``--pool-size`` <-> ``REWARDD_POOL_SIZE``); a flag
 wins over the environment. ``serve`` passes its flags to the server processes through the
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import click
 
 from rewardd.service.environment import ConfigError, load_settings
+from rewardd.service.runs_cli import runs
 from rewardd.service.settings import Settings, get_settings
 
 
@@ -164,6 +166,9 @@ def openapi(output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render_openapi())
     click.echo(f"wrote {output}")
+
+
+main.add_command(runs)
 
 
 if __name__ == "__main__":

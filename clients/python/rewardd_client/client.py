@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import urllib.parse
 import uuid
 from contextlib import contextmanager
 from dataclasses import replace
@@ -167,6 +168,39 @@ class _Api:
         """DELETE /v1/jobs/{id}: cancel (idempotent); the job's state afterwards (a job that
         had already finished keeps its final state)."""
         return self._call("DELETE", f"/v1/jobs/{job_id}", resendable=True)
+
+    # ---- the run record (docs/records.md) ----
+
+    def runs(self, limit: int = 100) -> Any:
+        """GET /v1/runs: this key's tenant's recorded runs, the most recently scored first
+        (``{"runs": [{"run_id", "first_at", "last_at", "last_step", "rollouts"}]}``)."""
+        return self._get(_with_query("/v1/runs", limit=limit))
+
+    def run(self, run_id: str, steps: int = 100) -> Any:
+        """GET /v1/runs/{run_id}: its state, its record and per-step summaries of its last
+        ``steps`` steps (newest first)."""
+        return self._get(_with_query(f"/v1/runs/{_segment(run_id)}", steps=steps))
+
+    def run_rollouts(self, run_id: str, *, step: int | None = None, source: str | None = None,
+                     component: str | None = None, outcome: str | None = None,
+                     q: str | None = None, cursor: str | None = None,
+                     limit: int = 100) -> Any:
+        """GET /v1/runs/{run_id}/rollouts: one page of its recorded rollouts (verdicts,
+        evidence, completion), filtered; pass the page's ``next_cursor`` as ``cursor`` for
+        the next (None: the last page)."""
+        return self._get(_with_query(f"/v1/runs/{_segment(run_id)}/rollouts", step=step,
+                                     source=source, component=component, outcome=outcome,
+                                     q=q, cursor=cursor, limit=limit))
+
+
+def _segment(value: str) -> str:
+    """A path segment: run ids may hold ``/`` and other characters a URL reserves."""
+    return urllib.parse.quote(value, safe="")
+
+
+def _with_query(path: str, **params: Any) -> str:
+    present = {k: v for k, v in params.items() if v is not None}
+    return f"{path}?{urllib.parse.urlencode(present)}" if present else path
 
 
 class _Base(_Api):
