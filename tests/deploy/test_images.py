@@ -117,7 +117,10 @@ def test_compose_file_is_valid_and_a_misspelt_key_is_not(tmp_path: Path) -> None
     finally:
         bad.unlink()
     services = config["services"]
-    assert {f"worker-{q}" for q in QUEUES} | {"api", "redis", "prometheus", "grafana"} == set(services)
+    assert {f"worker-{q}" for q in QUEUES} | {"api", "redis", "postgres", "prometheus",
+                                               "grafana"} == set(services)
+    assert services["api"]["environment"]["REWARDD_DATABASE_URL"].startswith(
+        "postgresql://rewardd:")  # the run record is shared and outlives the container
 
 
 def test_compose_redis_persists_and_never_evicts_and_gpu_is_optional() -> None:
