@@ -25,7 +25,7 @@ from rewardd.service.sessions.errors import SessionNotFound
 from rewardd.service.sessions.pod import POLL_S, Pod
 from rewardd.service.sessions.records import (GroupPhase, GroupReason, GroupRecord, JsonObject,
                                               SessionPhase, SessionRecord)
-from rewardd.service.sessions.results import session_result
+from rewardd.service.sessions.results import answered_groups, group_model, session_result
 from rewardd.service.timestamps import iso
 
 
@@ -142,6 +142,7 @@ class Lifecycle:
         if any(not group.done for group in (await store.groups(sid)).values()):
             return False
         runs = pod.runtime.runs.for_tenant(record.tenant)
+        closed: list[tuple[list[GroupRecord], JsonObject]] = []
 
         async def finish(rec: SessionRecord) -> tuple[bool, bool, list[bytes]]:
             if rec.state != SessionPhase.CLOSING:
@@ -150,6 +151,7 @@ class Lifecycle:
             if any(not group.done for group in final.values()):
                 return False, False, []
             result = await asyncio.to_thread(session_result, spec, list(final.values()), runs)
+            closed[:] = [(answered_groups(list(final.values())), result)]
             rec.state, rec.touched = SessionPhase.CLOSED, time.time()
             payload = {"session_id": sid, "state": SessionPhase.CLOSED.value, "error": None,
                        "summary": result["summary"], "result": result}
@@ -159,6 +161,11 @@ class Lifecycle:
             await store.finish(sid, record.tenant)
             pod.forget(sid)
             pod.notify(sid)
+            if closed and spec.run_id is not None:  # the pod whose close applied records it
+                answered, result = closed[0]
+                record_batch = pod.runtime.records.for_tenant(record.tenant)
+                await asyncio.to_thread(record_batch, spec.run_id, spec.step,
+                                        [group_model(group) for group in answered], result)
         return True
 
     async def end(self, sid: str, state: SessionPhase, reason: str | None) -> None:

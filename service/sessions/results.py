@@ -72,12 +72,17 @@ def group_event(spec: SessionSpec, stored: GroupRecord, final: bool,
     return plain(group)
 
 
+def answered_groups(groups: Sequence[GroupRecord]) -> list[GroupRecord]:
+    """The groups a close answers for: completed, not failed, in the order first seen."""
+    return sorted((g for g in groups if g.state == GroupPhase.DONE and not g.failed),
+                  key=lambda g: g.index)
+
+
 def session_result(spec: SessionSpec, groups: Sequence[GroupRecord],
                    runs: RunStore | None) -> dict[str, Any]:
     """The close's /v1/score response over every completed, not failed group, in the order
     they were first seen (batch-level estimators computed now)."""
-    kept = sorted((g for g in groups if g.state == GroupPhase.DONE and not g.failed),
-                  key=lambda g: g.index)
+    kept = answered_groups(groups)
     if not kept:
         return {"run_id": spec.run_id, "estimator": spec.advantage.estimator,
                 "profile": spec.advantage.profile.value, "groups": [], "advice": {},
