@@ -181,6 +181,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
 	$(PY) tests/benchmarks/bench_grpc.py
+	$(PY) tests/benchmarks/bench_record.py
 	$(PY) tests/benchmarks/bench_stream.py
 	$(PY) tests/benchmarks/bench_faults.py
 

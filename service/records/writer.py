@@ -55,6 +55,14 @@ class WriterHealth:
         return self.failing_since is None and self.dropped == 0
 
 
+@dataclass(slots=True)
+class _Pending:
+    """Accepted rollouts not yet turned into records: ``build`` runs in the writer thread."""
+
+    count: int
+    build: Callable[[], Sequence[RolloutRecord]]
+
+
 class RecordWriter:
     """The bounded queue and the writer thread (see the module doc)."""
 
@@ -74,12 +82,16 @@ class RecordWriter:
         self.capacity = capacity
         self.batch = batch
         self._count_dropped = count_dropped or (lambda reason, n: None)
-        self._queue: deque[RolloutRecord] = deque()
+        self._inbox: deque[_Pending] = deque()
+        self._ready: list[RolloutRecord] = []
+        """Records built from the inbox, oldest first; only the writer thread touches it."""
+        self._queued = 0
+        """Rollouts accepted and not yet written (inbox and ready)."""
         self._lock = threading.Condition()
         self._closing = False
         self._stop = threading.Event()
         self._in_flight = 0
-        """Rollouts at the head of the queue being written now (they leave it once stored)."""
+        """Rollouts being written now (they leave the queue once stored)."""
         self._written = 0
         self._dropped = 0
         self._failing_since: float | None = None
@@ -93,27 +105,48 @@ class RecordWriter:
         dropped and counted: the queue is full or the writer closed). Never blocks on the
         database."""
         with self._lock:
-            room = 0 if self._closing else self.capacity - len(self._queue)
-            accepted = records[:max(room, 0)]
-            self._queue.extend(accepted)
-            dropped = len(records) - len(accepted)
-            self._dropped += dropped
+            room = 0 if self._closing else max(self.capacity - self._queued, 0)
+            accepted = list(records[:room])
             if accepted:
-                self._lock.notify()
-        if dropped:
-            self._count_dropped("closed" if self._closing else "queue_full", dropped)
+                self._accept(_Pending(len(accepted), lambda: accepted))
+        self._drop(len(records) - len(accepted))
         return len(accepted)
+
+    def submit_batch(self, count: int, build: Callable[[], Sequence[RolloutRecord]]) -> int:
+        """Queue ``count`` rollouts whose records ``build`` makes later, in the writer thread
+        (the request pays an append, not the records). All or none: a batch that does not
+        fit is dropped and counted whole. Returns how many were accepted."""
+        with self._lock:
+            fits = not self._closing and self._queued + count <= self.capacity
+            if fits and count:
+                self._accept(_Pending(count, build))
+        if not fits:
+            self._drop(count)
+        return count if fits else 0
+
+    def _accept(self, pending: _Pending) -> None:
+        self._inbox.append(pending)
+        self._queued += pending.count
+        self._lock.notify()
+
+    def _drop(self, count: int, reason: str | None = None) -> None:
+        if count <= 0:
+            return
+        with self._lock:
+            self._dropped += count
+            reason = reason or ("closed" if self._closing else "queue_full")
+        self._count_dropped(reason, count)
 
     def health(self) -> WriterHealth:
         with self._lock:
-            return WriterHealth(len(self._queue), self._written, self._dropped,
+            return WriterHealth(self._queued, self._written, self._dropped,
                                 self._failing_since, self._last_error)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued is written (True) or ``timeout_s`` passed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._queue:
+            while self._queued:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -127,13 +160,11 @@ class RecordWriter:
         with self._lock:
             self._closing = True
             self._stop.set()
-            left = len(self._queue) - self._in_flight
-            for _ in range(left):
-                self._queue.pop()
-            self._dropped += left
+            left = self._queued - self._in_flight
+            self._inbox.clear()
+            self._queued = self._in_flight
             self._lock.notify_all()
-        if left:
-            self._count_dropped("closed", left)
+        self._drop(left, "closed")
         self._thread.join(timeout_s)
 
     def _maybe_prune(self) -> None:
@@ -150,15 +181,39 @@ class RecordWriter:
         if deleted:
             log.info("retention deleted %d recorded rollouts", deleted)
 
+    def _fill(self) -> None:
+        """In the writer thread: build records from the inbox until a batch is ready."""
+        while len(self._ready) < self.batch:
+            with self._lock:
+                if not self._inbox:
+                    return
+                pending = self._inbox.popleft()
+            try:
+                records = list(pending.build())
+            except Exception:  # a recording bug: its rollouts are lost, the rest go on
+                log.exception("could not turn a scored batch into records")
+                records = []
+            if len(records) != pending.count:
+                with self._lock:
+                    self._queued -= pending.count - len(records)
+                    self._lock.notify_all()
+                if len(records) < pending.count:
+                    self._drop(pending.count - len(records), "error")
+            self._ready.extend(records)
+
     def _run(self) -> None:
         retry_s = RETRY_MIN_S
         while True:
             with self._lock:
-                while not self._queue and not self._closing:
+                while not self._inbox and not self._ready and not self._closing:
                     self._lock.wait()
                 if self._closing:
                     return
-                batch = [self._queue[i] for i in range(min(self.batch, len(self._queue)))]
+            self._fill()
+            batch = self._ready[:self.batch]
+            if not batch:
+                continue
+            with self._lock:
                 self._in_flight = len(batch)
             try:
                 self._open_store().write(batch)
@@ -177,9 +232,9 @@ class RecordWriter:
                 retry_s = min(retry_s * 2, RETRY_MAX_S)
                 continue
             retry_s = RETRY_MIN_S
+            del self._ready[:len(batch)]
             with self._lock:
-                for _ in batch:
-                    self._queue.popleft()
+                self._queued -= len(batch)
                 self._written += len(batch)
                 self._in_flight = 0
                 if self._failing_since is not None:
