@@ -108,3 +108,22 @@ def test_the_writer_applies_retention_after_its_first_write(store: RecordStore) 
     assert calls == [3]
     assert [i.record.rollout_id for i in store.rollouts("acme", "run-1",
                                                        RolloutQuery()).items] == ["r3", "r4", "r9"]
+
+
+def test_a_lazy_batch_is_taken_whole_or_dropped_whole_and_a_failing_build_is_counted(
+        store: RecordStore) -> None:
+    drops = Drops()
+    writer = RecordWriter(lambda: store, capacity=10, count_dropped=drops)
+    assert writer.submit_batch(4, lambda: [rollout(index=i) for i in range(4)]) == 4
+    assert writer.submit_batch(20, lambda: [rollout(index=i) for i in range(20)]) == 0
+
+    def broken() -> list:
+        raise ValueError("a recording bug")
+
+    assert writer.submit_batch(3, broken) == 3
+    assert writer.flush(FLUSH_S)
+    writer.close()
+    health = writer.health()
+    assert (health.written, health.queued, health.dropped) == (4, 0, 23)
+    assert drops.counted == {"queue_full": 20, "error": 3}
+    assert stored(store) == 4
