@@ -18,6 +18,7 @@ from rewardd.service.records.store import RecordStore
 from rewardd.service.runmodels import (ComponentStepInfo, RolloutInfo, RolloutPageBody,
                                        RunInfo, RunList, RunView, StepInfo, VerdictInfo)
 from rewardd.service.runstate import RunStore
+from rewardd.service.services import Services
 from rewardd.service.timestamps import iso
 
 
@@ -28,6 +29,10 @@ class RunRecords:
         self.recorder = recorder
         self.runs = runs
         self.tenant = tenant
+
+    @classmethod
+    def of(cls, services: Services, tenant: str) -> RunRecords:
+        return cls(services.records, services.runs.for_tenant(tenant), tenant)
 
     async def list(self, limit: int) -> RunList:
         store = await self._store()

@@ -29,7 +29,7 @@ UNAVAILABLE = {503: {"model": ErrorResponse, "description": "The run record's da
 
 
 def records_of(services: Services, tenant: Tenant) -> RunRecords:
-    return RunRecords(services.records, services.runs.for_tenant(tenant.name), tenant.name)
+    return RunRecords.of(services, tenant.name)
 
 
 @router.get("/runs", summary="Recorded runs", response_model=RunList, responses=UNAVAILABLE)

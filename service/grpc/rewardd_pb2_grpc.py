@@ -84,6 +84,16 @@ class RewarddStub:
                 request_serializer=rewardd__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=rewardd__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/rewardd.v1.Rewardd/ListRuns',
+                request_serializer=rewardd__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=rewardd__pb2.RunList.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/rewardd.v1.Rewardd/GetRun',
+                request_serializer=rewardd__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=rewardd__pb2.RunView.FromString,
+                _registered_method=True)
 
 
 class RewarddServicer:
@@ -159,6 +169,20 @@ class RewarddServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """GET /v1/runs: the tenant's recorded runs, the most recently scored first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """GET /v1/runs/{run_id}: the run's state, record and per-step summaries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewarddServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +235,16 @@ def add_RewarddServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=rewardd__pb2.WatchJobRequest.FromString,
                     response_serializer=rewardd__pb2.JobEvent.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=rewardd__pb2.ListRunsRequest.FromString,
+                    response_serializer=rewardd__pb2.RunList.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=rewardd__pb2.GetRunRequest.FromString,
+                    response_serializer=rewardd__pb2.RunView.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +517,60 @@ class Rewardd:
             '/rewardd.v1.Rewardd/WatchJob',
             rewardd__pb2.WatchJobRequest.SerializeToString,
             rewardd__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rewardd.v1.Rewardd/ListRuns',
+            rewardd__pb2.ListRunsRequest.SerializeToString,
+            rewardd__pb2.RunList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rewardd.v1.Rewardd/GetRun',
+            rewardd__pb2.GetRunRequest.SerializeToString,
+            rewardd__pb2.RunView.FromString,
             options,
             channel_credentials,
             insecure,

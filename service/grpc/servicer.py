@@ -19,7 +19,7 @@ import orjson
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from rewardd.advantages.checks import pydantic_errors
-from rewardd.advantages.errors import Loc, RequestInvalid
+from rewardd.advantages.errors import Loc, RequestInvalid, error
 from rewardd.advantages.registry import Kind
 from rewardd.service import catalogue, heavy, pipeline
 from rewardd.service.codec import validate_model
@@ -33,6 +33,8 @@ from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick
 from rewardd.service.jobs.store import FINAL, Job
 from rewardd.service.models import (AdvantagesRequest, RewardsRequest, ScoreRequest,
                                     VerifyRequest)
+from rewardd.service.records.store import MAX_PAGE
+from rewardd.service.runview import RunRecords
 from rewardd.service.services import Services
 from rewardd.service.tenancy import Tenant, authenticate, bearer
 from rewardd.service.verify import known_verifier, verify_one
@@ -206,6 +208,22 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
         return await self._call(context, work)
 
+    async def ListRuns(self, request: Any, context: Any) -> pb.RunList:
+        async def work(tenant: Tenant) -> pb.RunList:
+            limit = bounded(request, "limit", 100, 1, MAX_PAGE)
+            body = await RunRecords.of(self.services, tenant.name).list(limit)
+            return convert.message_of(pb.RunList, body.model_dump())
+
+        return await self._call(context, work)
+
+    async def GetRun(self, request: Any, context: Any) -> pb.RunView:
+        async def work(tenant: Tenant) -> pb.RunView:
+            steps = bounded(request, "steps", 100, 0, MAX_PAGE)
+            view = await RunRecords.of(self.services, tenant.name).view(request.run_id, steps)
+            return convert.message_of(pb.RunView, view.model_dump(exclude_none=True))
+
+        return await self._call(context, work)
+
     async def WatchJob(self, request: pb.WatchJobRequest,
                        context: Any) -> AsyncIterator[pb.JobEvent]:
         jobs = self.services.jobs
@@ -233,3 +251,15 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                                       group=convert.message_of(pb.GroupEvent, data))
         finally:
             hold.release()
+
+
+def bounded(request: Any, name: str, default: int, low: int, high: int) -> int:
+    """An optional int64 of a request, within [low, high] (else INVALID_ARGUMENT naming it),
+    as the REST route's query parameter of the same name."""
+    if not request.HasField(name):
+        return default
+    value = getattr(request, name)
+    if not low <= value <= high:
+        raise RequestInvalid([error(("body", name), f"must be between {low} and {high}, "
+                                    f"not {value}")])
+    return int(value)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import time
 
+import grpc
+
 import httpx
 import numpy as np
 import pytest
@@ -182,3 +184,24 @@ def test_rewards_over_grpc_are_recorded_with_their_source(grpc_server):
     other = httpx.get(f"{grpc_server.url}/v1/runs/grpc-recorded",
                       headers={"Authorization": f"Bearer {OTHER_KEY}"}, timeout=60)
     assert other.status_code == 404
+
+    # the same record through gRPC: ListRuns and GetRun answer what REST answers
+    stub = grpc_server.stub()
+    listed = stub.ListRuns(pb.ListRunsRequest(), metadata=auth(), timeout=60)
+    rest_list = httpx.get(f"{grpc_server.url}/v1/runs", headers=HEADERS, timeout=60).json()
+    [via_grpc] = [run for run in json_format.MessageToDict(
+        listed, preserving_proto_field_name=True)["runs"] if run["run_id"] == "grpc-recorded"]
+    [via_rest] = [run for run in rest_list["runs"] if run["run_id"] == "grpc-recorded"]
+    assert via_grpc == {k: str(v) if isinstance(v, int) else v  # int64: strings in proto JSON
+                        for k, v in via_rest.items() if v is not None}
+    got = stub.GetRun(pb.GetRunRequest(run_id="grpc-recorded"), metadata=auth(), timeout=60)
+    assert got.record.rollouts == 6 and got.steps[0].sources == {"humaneval": 6}
+    assert got.steps[0].components["fmt"].mean == pytest.approx(5 / 6)
+    assert not got.HasField("state")
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.GetRun(pb.GetRunRequest(run_id="grpc-recorded"), metadata=auth(OTHER_KEY),
+                    timeout=60)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as bad:
+        stub.ListRuns(pb.ListRunsRequest(limit=0), metadata=auth(), timeout=60)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit" in bad.value.details()

@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor
 from pydantic import BaseModel
 
-from rewardd.service import models
+from rewardd.service import models, runmodels
 from rewardd.service.grpc import rewardd_pb2 as pb
 
 PAIRS = [(pb.ScoreRequest, models.ScoreRequest), (pb.RewardsRequest, models.RewardsRequest),
@@ -18,7 +18,8 @@ PAIRS = [(pb.ScoreRequest, models.ScoreRequest), (pb.RewardsRequest, models.Rewa
          (pb.VerifyRequest, models.VerifyRequest), (pb.ScoreResponse, models.ScoreResponse),
          (pb.VerifyResponse, models.VerifyResponse), (pb.VerifierInfo, models.VerifierInfo),
          (pb.EstimatorInfo, models.EstimatorInfo), (pb.JobSubmitted, models.JobSubmitted),
-         (pb.JobStatus, models.JobStatus)]
+         (pb.JobStatus, models.JobStatus), (pb.RunList, runmodels.RunList),
+         (pb.RunView, runmodels.RunView)]
 
 PROTO_ONLY = {
     "VerifyRequest.verifier": "the REST path parameter {verifier}",
