@@ -200,6 +200,11 @@ class Settings(WorkerSettings):
         100_000, ge=1, description="Rollouts waiting to be written to the record, at most, "
         "per API process; more while the database is slow or down are dropped and counted "
         "(rewardd_records_dropped_total), never slowing or failing scoring.")
+    record_queue_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="The same bound in bytes (completions and about "
+        "2 KB per rollout besides): rollouts with long completions waiting for a slow "
+        "database must not grow the API's memory without bound; beyond it they are dropped "
+        "and counted.")
     record_retention_days: float | None = Field(
         30.0, gt=0, description="Recorded rollouts older than this are deleted (per tenant; "
         "unset: kept).")

@@ -28,6 +28,10 @@ from rewardd.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+ROLLOUT_OVERHEAD_BYTES = 2048
+"""What a queued rollout holds besides its completion (its request and response objects),
+for the queue's byte bound; an estimate, on the high side."""
+
 
 class Recorder:
     """The app's record: a lazily opened store, its writer, and the batch-to-records step."""
@@ -62,7 +66,8 @@ class Recorder:
             if self._writer is None:
                 self._writer = RecordWriter(self.store, self.settings.record_queue,
                                             self._count_dropped, on_written=self._count_written,
-                                            prune=self.apply_retention)
+                                            prune=self.apply_retention,
+                                            capacity_bytes=self.settings.record_queue_bytes)
             return self._writer
 
     @property
@@ -85,9 +90,11 @@ class Recorder:
         if not self.enabled or run_id is None:
             return 0
         count = sum(len(group.rollouts) for group in groups)
+        size = count * ROLLOUT_OVERHEAD_BYTES + sum(
+            len(rollout.completion or "") for group in groups for rollout in group.rollouts)
         now, settings = time.time(), self.settings
         return self.writer().submit_batch(count, lambda: batch_records(
-            tenant, run_id, step, groups, body, settings, now))
+            tenant, run_id, step, groups, body, settings, now), size)
 
     def health(self) -> WriterHealth | None:
         """The writer's state (None before anything was recorded)."""

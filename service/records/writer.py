@@ -61,6 +61,8 @@ class _Pending:
 
     count: int
     build: Callable[[], Sequence[RolloutRecord]]
+    size: int = 0
+    """Bytes it holds, as the submitter estimated them (completions mostly)."""
 
 
 class RecordWriter:
@@ -69,7 +71,8 @@ class RecordWriter:
     def __init__(self, store: Callable[[], RecordStore], capacity: int,
                  count_dropped: DropCounter | None = None, batch: int = BATCH,
                  on_written: Callable[[int], None] | None = None,
-                 prune: Callable[[RecordStore], int] | None = None) -> None:
+                 prune: Callable[[RecordStore], int] | None = None,
+                 capacity_bytes: int | None = None) -> None:
         self._open_store = store
         """The store, opened on the first write (raises while the database is unreachable:
         handled as a failed write)."""
@@ -80,6 +83,11 @@ class RecordWriter:
         nothing: another pod's writes prune the shared database)."""
         self._pruned_at = 0.0
         self.capacity = capacity
+        self.capacity_bytes = capacity_bytes
+        """Bound on the estimated bytes the queue holds (None: rollouts only): a queue of
+        rollouts with long completions must not grow the API's memory without bound while
+        the database is down."""
+        self._queued_bytes = 0
         self.batch = batch
         self._count_dropped = count_dropped or (lambda reason, n: None)
         self._inbox: deque[_Pending] = deque()
@@ -112,14 +120,18 @@ class RecordWriter:
         self._drop(len(records) - len(accepted))
         return len(accepted)
 
-    def submit_batch(self, count: int, build: Callable[[], Sequence[RolloutRecord]]) -> int:
-        """Queue ``count`` rollouts whose records ``build`` makes later, in the writer thread
-        (the request pays an append, not the records). All or none: a batch that does not
-        fit is dropped and counted whole. Returns how many were accepted."""
+    def submit_batch(self, count: int, build: Callable[[], Sequence[RolloutRecord]],
+                     size: int = 0) -> int:
+        """Queue ``count`` rollouts (about ``size`` bytes) whose records ``build`` makes
+        later, in the writer thread (the request pays an append, not the records). All or
+        none: a batch that does not fit is dropped and counted whole. Returns how many were
+        accepted."""
         with self._lock:
-            fits = not self._closing and self._queued + count <= self.capacity
+            fits = (not self._closing and self._queued + count <= self.capacity
+                    and (self.capacity_bytes is None
+                         or self._queued_bytes + size <= self.capacity_bytes))
             if fits and count:
-                self._accept(_Pending(count, build))
+                self._accept(_Pending(count, build, size))
         if not fits:
             self._drop(count)
         return count if fits else 0
@@ -127,6 +139,7 @@ class RecordWriter:
     def _accept(self, pending: _Pending) -> None:
         self._inbox.append(pending)
         self._queued += pending.count
+        self._queued_bytes += pending.size
         self._lock.notify()
 
     def _drop(self, count: int, reason: str | None = None) -> None:
@@ -162,6 +175,7 @@ class RecordWriter:
             self._stop.set()
             left = self._queued - self._in_flight
             self._inbox.clear()
+            self._queued_bytes = 0
             self._queued = self._in_flight
             self._lock.notify_all()
         self._drop(left, "closed")
@@ -188,6 +202,7 @@ class RecordWriter:
                 if not self._inbox:
                     return
                 pending = self._inbox.popleft()
+                self._queued_bytes -= pending.size  # built: the request's objects are freed
             try:
                 records = list(pending.build())
             except Exception:  # a recording bug: its rollouts are lost, the rest go on

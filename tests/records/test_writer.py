@@ -5,6 +5,7 @@ the database is back (a real PostgreSQL, stopped as a crash would)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterator
 
@@ -127,3 +128,27 @@ def test_a_lazy_batch_is_taken_whole_or_dropped_whole_and_a_failing_build_is_cou
     assert (health.written, health.queued, health.dropped) == (4, 0, 23)
     assert drops.counted == {"queue_full": 20, "error": 3}
     assert stored(store) == 4
+
+
+def test_the_queue_is_bounded_in_bytes_too(store: RecordStore) -> None:
+    drops = Drops()
+    writer = RecordWriter(lambda: store, capacity=1000, count_dropped=drops,
+                          capacity_bytes=10_000)
+    building, gate = threading.Event(), threading.Event()
+
+    def held() -> list:  # the writer thread holds this batch while the test queues more
+        building.set()
+        gate.wait(FLUSH_S)
+        return [rollout(index=0)]
+
+    assert writer.submit_batch(1, held, size=9_000) == 1
+    assert building.wait(FLUSH_S)  # taken from the queue: its bytes left it
+    assert writer.submit_batch(1, lambda: [rollout(index=1)], size=6_000) == 1
+    assert writer.submit_batch(1, lambda: [rollout(index=2)], size=6_000) == 0
+    assert drops.counted == {"queue_full": 1}
+    gate.set()
+    assert writer.flush(FLUSH_S)
+    assert writer.submit_batch(1, lambda: [rollout(index=3)], size=9_000) == 1  # room again
+    assert writer.flush(FLUSH_S)
+    writer.close()
+    assert stored(store) == 3
