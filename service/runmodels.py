@@ -36,6 +36,10 @@ class StepInfo(BaseModel):
     failed_rollouts: int = Field(description="Rollouts with at least one failed component.")
     components: dict[str, ComponentStepInfo]
     sources: dict[str, int] = Field(description="Source -> rollouts ('' for none).")
+    mean_length: float | None = Field(
+        None, description="Mean num_tokens of the rollouts that gave one.")
+    zero_advantage_fraction: float | None = Field(
+        None, description="Share of the rollouts with advantages whose advantages are all 0.")
 
 
 class RunView(BaseModel):
@@ -67,7 +71,10 @@ class RolloutInfo(BaseModel):
     outcome: str = Field(description="`ok`, or `failed` when a component failed.")
     verdicts: dict[str, VerdictInfo] = Field(description="Per reward component.")
     summary: dict[str, Any] | None = Field(
-        description="Combined reward, excluded, and with advantages their mean and tokens.")
+        description="Combined reward, excluded, and with advantages their mean.")
+    num_tokens: int | None = Field(description="Length in tokens, as the request gave it.")
+    zero_advantage: bool | None = Field(
+        description="Every advantage is 0 (None: no advantages).")
     completion: str | None = Field(description="Kept as REWARDD_RECORD_COMPLETIONS says.")
 
 

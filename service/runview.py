@@ -58,7 +58,9 @@ class RunRecords:
                                            rollouts=c.rollouts, mean=c.mean, std=c.std,
                                            failures=dict(c.failures))
                                            for name, c in s.components.items()},
-                                       sources=dict(s.sources)) for s in summaries])
+                                       sources=dict(s.sources), mean_length=s.mean_length,
+                                       zero_advantage_fraction=s.zero_advantage_fraction)
+                              for s in summaries])
 
     async def rollouts(self, run_id: str, query: RolloutQuery) -> RolloutPageBody:
         store = await self._store()
@@ -96,4 +98,5 @@ def _rollout_info(item: StoredRollout) -> RolloutInfo:
                        rollout_id=record.rollout_id, recorded_at=iso(record.recorded_at) or "",
                        outcome=record.outcome, verdicts=verdicts,
                        summary=dict(record.summary) if record.summary is not None else None,
+                       num_tokens=record.num_tokens, zero_advantage=record.zero_advantage,
                        completion=record.completion)

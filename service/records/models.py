@@ -36,10 +36,15 @@ class RolloutRecord:
     step: int | None = None
     source: str | None = None
     summary: Mapping[str, Any] | None = None
-    """The rollout's combined reward and, with advantages, their mean and token count
-    (``{"reward", "excluded", "advantage_mean", "tokens"}``)."""
+    """The rollout's combined reward and, with advantages, their mean
+    (``{"reward", "excluded", "advantage_mean"}``)."""
     completion: str | None = None
     """Kept only as REWARDD_RECORD_COMPLETIONS says (None: not kept)."""
+    num_tokens: int | None = None
+    """The response's length in tokens, as the request gave it."""
+    zero_advantage: bool | None = None
+    """Every advantage of the rollout is 0 (a group without spread under GRPO, say); None
+    without advantages."""
 
     @property
     def outcome(self) -> RolloutOutcome:
@@ -115,3 +120,7 @@ class StepSummary:
     components: Mapping[str, ComponentStep]
     sources: Mapping[str, int]
     """Source -> rollouts (rollouts without a source under ``""``)."""
+    mean_length: float | None = None
+    """Mean ``num_tokens`` of the rollouts that gave one."""
+    zero_advantage_fraction: float | None = None
+    """Share of the rollouts with advantages whose advantages are all 0."""

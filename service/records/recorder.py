@@ -146,7 +146,8 @@ def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[A
             record = RolloutRecord(
                 tenant=tenant, run_id=run_id, group_id=group.group_id,
                 rollout_id=rollout.rollout_id, verdicts=verdicts, recorded_at=now, step=step,
-                source=source, summary=_summary(item))
+                source=source, summary=_summary(item), num_tokens=item.get("num_tokens"),
+                zero_advantage=_all_zero(item.get("advantages")))
             completion = rollout.completion
             if completion is not None and _keeps_completion(record, settings):
                 record = _with_completion(record, completion)
@@ -170,12 +171,20 @@ def _summary(item: Mapping[str, Any]) -> dict[str, Any]:
         tokens = sum(length for _, length in runs)
         if tokens:
             summary["advantage_mean"] = math.fsum(v * n for v, n in runs) / tokens
-        summary["tokens"] = tokens
-    elif isinstance(advantages, list):  # output dense
-        if advantages:
-            summary["advantage_mean"] = math.fsum(advantages) / len(advantages)
-        summary["tokens"] = len(advantages)
+    elif isinstance(advantages, list) and advantages:  # output dense
+        summary["advantage_mean"] = math.fsum(advantages) / len(advantages)
     return summary
+
+
+def _all_zero(advantages: Any) -> bool | None:
+    """Whether every advantage of a rollout is 0, in any output format (None: none)."""
+    if isinstance(advantages, (int, float)):
+        return advantages == 0
+    if isinstance(advantages, dict) and isinstance(advantages.get("rle"), list):
+        return all(v == 0 for v, n in advantages["rle"] if n)
+    if isinstance(advantages, list):
+        return all(v == 0 for v in advantages)
+    return None
 
 
 def _keeps_completion(record: RolloutRecord, settings: Settings) -> bool:

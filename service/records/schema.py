@@ -10,7 +10,7 @@ whole and never queried into.
 
 from __future__ import annotations
 
-from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData,
+from sqlalchemy import (JSON, BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData,
                         String, Table, Text)
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -50,6 +50,8 @@ rollouts = Table(
     Column("status", Document, nullable=False),
     Column("summary", Document),
     Column("completion", Text),
+    Column("num_tokens", Integer),
+    Column("zero_advantage", Boolean),
     Index("ix_rollouts_run_step", "tenant", "run_id", "step", "id"),
     Index("ix_rollouts_run_source", "tenant", "run_id", "source", "id"),
     Index("ix_rollouts_tenant_recorded", "tenant", "recorded_at"),

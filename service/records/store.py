@@ -195,7 +195,11 @@ class RecordStore:
                           else (rollouts.c.step.in_(numbered) | rollouts.c.step.is_(None)))
             counts = connection.execute(
                 select(rollouts.c.step, rollouts.c.source, rollouts.c.outcome,
-                       func.count().label("n"))
+                       func.count().label("n"),
+                       func.count(rollouts.c.num_tokens).label("with_length"),
+                       func.sum(rollouts.c.num_tokens).label("length"),
+                       func.count(rollouts.c.zero_advantage).label("with_advantages"),
+                       func.sum(case((rollouts.c.zero_advantage, 1), else_=0)).label("zero"))
                 .where(in_run, step_match)
                 .group_by(rollouts.c.step, rollouts.c.source, rollouts.c.outcome)).all()
             scored = connection.execute(
@@ -253,7 +257,8 @@ def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
             "status": {v.component: {"outcome": v.outcome, "entry": dict(v.status)}
                        for v in record.verdicts},
             "summary": dict(record.summary) if record.summary is not None else None,
-            "completion": record.completion}
+            "completion": record.completion, "num_tokens": record.num_tokens,
+            "zero_advantage": record.zero_advantage}
 
 
 def _run_counters(records: Iterable[RolloutRecord]) -> list[dict[str, Any]]:
@@ -291,7 +296,7 @@ def _verdict_conditions(query: RolloutQuery) -> list[Any]:
 
 def _step_summary(step: int | None, counts: Sequence[Any],
                   scored: Sequence[Any]) -> StepSummary:
-    rollouts_n = failed = 0
+    rollouts_n = failed = with_length = length = with_advantages = zero = 0
     sources: dict[str, int] = {}
     for row in counts:
         if row.step != step:
@@ -299,6 +304,10 @@ def _step_summary(step: int | None, counts: Sequence[Any],
         rollouts_n += row.n
         failed += row.n if row.outcome != OK else 0
         sources[row.source or ""] = sources.get(row.source or "", 0) + row.n
+        with_length += row.with_length
+        length += row.length or 0
+        with_advantages += row.with_advantages
+        zero += row.zero or 0
     parts: dict[str, dict[str, Any]] = {}
     for row in scored:
         if row.step != step:
@@ -318,7 +327,9 @@ def _step_summary(step: int | None, counts: Sequence[Any],
         std = (max(part["squares"] / k - mean * mean, 0.0) ** 0.5
                if k and mean is not None else None)
         components[name] = ComponentStep(part["n"], mean, std, dict(part["failures"]))
-    return StepSummary(step, rollouts_n, failed, components, dict(sorted(sources.items())))
+    return StepSummary(step, rollouts_n, failed, components, dict(sorted(sources.items())),
+                       length / with_length if with_length else None,
+                       zero / with_advantages if with_advantages else None)
 
 
 def _summary(row: Any) -> RunSummary:
@@ -331,6 +342,7 @@ def _record(row: Any) -> RolloutRecord:
         tenant=row.tenant, run_id=row.run_id, group_id=row.group_id,
         rollout_id=row.rollout_id, recorded_at=row.recorded_at, step=row.step,
         source=row.source, summary=row.summary, completion=row.completion,
+        num_tokens=row.num_tokens, zero_advantage=row.zero_advantage,
         verdicts=tuple(Verdict(component, rewards.get(component), kept["outcome"],
                                kept.get("entry") or {})
                        for component, kept in sorted(status.items())))

@@ -86,6 +86,9 @@ async def test_a_scored_run_is_recorded_listed_summarised_and_paged(tmp_path: Pa
         math = three["components"]["math"]
         assert math["rollouts"] == 6 and math["mean"] == pytest.approx(1 / 3)
         assert four["sources"] == {"math-train": 6}
+        assert three["mean_length"] == pytest.approx(5 / 3)  # num_tokens 2, 2, 1 per group
+        assert three["zero_advantage_fraction"] == 0.0  # every group has spread
+        assert four["zero_advantage_fraction"] is None  # /v1/rewards: no advantages
 
         page = (await http.get("/v1/runs/run-1/rollouts", params={"step": 3})).json()
         answered = {r["rollout_id"]: r for g in scored.json()["groups"] for r in g["rollouts"]}
@@ -96,7 +99,8 @@ async def test_a_scored_run_is_recorded_listed_summarised_and_paged(tmp_path: Pa
             assert item["verdicts"]["math"]["status"] == sent["status"]["math"]
             assert item["summary"]["reward"] == sent["reward"]
             runs = sent["advantages"]["rle"]  # the default output
-            assert item["summary"]["tokens"] == sum(n for _, n in runs) == sent["num_tokens"]
+            assert item["num_tokens"] == sum(n for _, n in runs) == sent["num_tokens"]
+            assert item["zero_advantage"] is all(v == 0 for v, _ in runs)
             assert item["summary"]["advantage_mean"] == pytest.approx(
                 sum(v * n for v, n in runs) / sum(n for _, n in runs))
             assert item["source"] == "gsm8k" and item["step"] == 3

@@ -135,9 +135,11 @@ def test_a_database_url_is_checked_before_anything_starts() -> None:
 
 
 def test_step_summaries_count_rollouts_failures_and_reward_spread(store: RecordStore) -> None:
-    store.write([rollout(step=1, index=i, math_ok=i != 0, source="gsm8k" if i < 3 else "math")
+    store.write([rollout(step=1, index=i, math_ok=i != 0, source="gsm8k" if i < 3 else "math",
+                         num_tokens=[10, 20, None, 30][i], zero_advantage=[True, False, None,
+                                                                             False][i])
                  for i in range(4)] + [rollout(step=2, index=i) for i in range(2)]
-                + [rollout(step=None, index=7)])
+                + [rollout(step=None, index=7, num_tokens=None, zero_advantage=None)])
     steps = store.steps("acme", "run-1")
     assert [s.step for s in steps] == [2, 1, None]
     one = steps[1]
@@ -146,5 +148,7 @@ def test_step_summaries_count_rollouts_failures_and_reward_spread(store: RecordS
     assert one.components["math"].mean == 1.0 and one.components["math"].std == 0.0
     assert one.components["math"].failures == {"timeout": 1}
     assert one.components["format"].mean == 0.5 and one.components["format"].failures == {}
+    assert one.mean_length == 20.0 and one.zero_advantage_fraction == pytest.approx(1 / 3)
+    assert (steps[2].mean_length, steps[2].zero_advantage_fraction) == (None, None)
     assert [s.step for s in store.steps("acme", "run-1", last=1)] == [2]
     assert store.steps("acme", "nope") == []

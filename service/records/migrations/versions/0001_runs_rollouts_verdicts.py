@@ -43,6 +43,8 @@ def upgrade() -> None:
         sa.Column("status", Document, nullable=False),
         sa.Column("summary", Document),
         sa.Column("completion", sa.Text()),
+        sa.Column("num_tokens", sa.Integer()),
+        sa.Column("zero_advantage", sa.Boolean()),
     )
     op.create_index("ix_rollouts_run_step", "rollouts", ["tenant", "run_id", "step", "id"])
     op.create_index("ix_rollouts_run_source", "rollouts", ["tenant", "run_id", "source", "id"])
