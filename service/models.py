@@ -298,6 +298,8 @@ class SessionGroup(Contract):
     rollouts: list[Rollout] = Field(min_length=1, fail_fast=True,
                                     description="Rollouts of this group that finished.")
     data_source: Name | None = Field(None, description="Data source, for ucb_curriculum.")
+    source: Name | None = Field(None, description="The dataset of the prompt (first sight): "
+                                "echoed in the group's events and kept in the run record.")
 
 
 class SessionRollouts(Contract):

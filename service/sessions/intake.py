@@ -269,6 +269,7 @@ class Intake:
             seen = known.get(g.group_id)
             groups.append(Group.model_construct(
                 group_id=g.group_id, rollouts=g.rollouts, data_source=g.data_source,
+                source=g.source if g.source is not None else (seen.source if seen else None),
                 prompt=g.prompt if g.prompt is not None else (seen.prompt if seen else ""),
                 reference=g.reference if g.reference is not None else (
                     seen.reference if seen else {})))
@@ -334,7 +335,7 @@ class Intake:
             if group is None:
                 group = GroupRecord(group_id=sent.group_id, index=index, first=time.time(),
                                     prompt=sent.prompt or "", reference=sent.reference or {},
-                                    data_source=sent.data_source)
+                                    data_source=sent.data_source, source=sent.source)
                 if timeout is not None:
                     await store.set_deadline(ref.session_id, sent.group_id,
                                              group.first + timeout)

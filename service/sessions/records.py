@@ -124,6 +124,8 @@ class GroupRecord:
     prompt: str
     reference: JsonObject
     data_source: str | None
+    source: str | None = None
+    """The group's dataset (its first sight's), for the response and the run record."""
     rollouts: list[RolloutEntry] = field(default_factory=list)
     state: GroupPhase = GroupPhase.OPEN
     reason: GroupReason | None = None
@@ -164,6 +166,8 @@ class GroupRecord:
             "rollouts": [r.to_json() for r in self.rollouts]}
         if self.done_at is not None:  # absent until done, as it always was
             data["done_at"] = self.done_at
+        if self.source is not None:  # absent unless sent: older records read back the same
+            data["source"] = self.source
         return data
 
     @classmethod
@@ -172,7 +176,7 @@ class GroupRecord:
         return cls(
             group_id=data["group_id"], index=data["index"], first=data["first"],
             prompt=data["prompt"], reference=data["reference"],
-            data_source=data.get("data_source"),
+            data_source=data.get("data_source"), source=data.get("source"),
             rollouts=[RolloutEntry.from_json(r) for r in data["rollouts"]],
             state=GroupPhase(data["state"]),
             reason=GroupReason(reason) if reason is not None else None,

@@ -35,7 +35,8 @@ def group_model(group: GroupRecord) -> Group:
     """The stored group as the /v1/score request would have carried it."""
     return Group.model_validate({
         "group_id": group.group_id, "prompt": group.prompt, "reference": group.reference,
-        "data_source": group.data_source, "rollouts": [r.body for r in group.rollouts]})
+        "data_source": group.data_source, "source": group.source,
+        "rollouts": [r.body for r in group.rollouts]})
 
 
 def _batch(spec: SessionSpec, groups: Sequence[GroupRecord]

@@ -243,20 +243,22 @@ def test_bad_input_names_the_field_and_limits_answer_429(http: httpx.Client) -> 
 
 def test_a_closed_session_with_a_run_id_is_recorded_as_its_answer(http: httpx.Client) -> None:
     run_id = f"session-{random.randrange(1 << 30)}"
-    groups = groups_of({"a": [1.0, 0.0], "b": [0.5, 0.5]})
+    groups = groups_of({"a": [1.0, 0.0], "b": [0.5, 0.5], "c": [1.0, 1.0]})
     groups[0]["data_source"] = "set-a"
+    groups[2]["source"] = "set-c"
     sid = open_session(http, {**spec(2), "run_id": run_id, "step": 9})
     http.post(f"/v1/sessions/{sid}/rollouts", json={"groups": groups}).raise_for_status()
     result = http.post(f"/v1/sessions/{sid}/close").json()["result"]
     deadline = time.monotonic() + 120  # written off the request path: a guard, not a bound
     while True:
         view = http.get(f"/v1/runs/{run_id}")
-        if view.status_code == 200 and (view.json()["record"] or {}).get("rollouts") == 4:
+        if view.status_code == 200 and (view.json()["record"] or {}).get("rollouts") == 6:
             break
         assert time.monotonic() < deadline, view.text
         time.sleep(0.1)
     [step] = view.json()["steps"]
-    assert (step["step"], step["sources"]) == (9, {"": 2, "set-a": 2})
+    assert (step["step"], step["sources"]) == (9, {"": 2, "set-a": 2, "set-c": 2})
+    assert [g.get("source") for g in result["groups"]] == [None, None, "set-c"]
     page = http.get(f"/v1/runs/{run_id}/rollouts").json()["rollouts"]
     answered = {r["rollout_id"]: r for g in result["groups"] for r in g["rollouts"]}
     assert {r["rollout_id"] for r in page} == set(answered)
