@@ -51,7 +51,7 @@ class RunView(BaseModel):
         "None when the run has none.")
     record: RunInfo | None = Field(description="The run's record (None: nothing recorded).")
     steps: list[StepInfo] = Field(description="Per-step summaries of the last steps, newest "
-                                  "first (`steps` query parameter: how many).")
+                                  "first (`steps` query parameter: how many, default 20).")
 
 
 class VerdictInfo(BaseModel):

@@ -17,7 +17,7 @@ from rewardd.service.models import ErrorResponse
 from rewardd.service.records.models import RolloutQuery
 from rewardd.service.records.store import MAX_PAGE
 from rewardd.service.runmodels import RolloutPageBody, RunList, RunView
-from rewardd.service.runview import RunRecords
+from rewardd.service.runview import DEFAULT_STEPS, RunRecords
 from rewardd.service.services import Services, ServicesDep
 from rewardd.service.tenancy import Tenant
 
@@ -46,8 +46,10 @@ async def list_runs(services: ServicesDep, tenant: Tenant = Depends(current_tena
                 "for this tenant (never seen, expired, reset or pruned, or another tenant's)."}})
 async def view_run(run_id: str, services: ServicesDep,
                    tenant: Tenant = Depends(current_tenant),
-                   steps: int = Query(100, ge=0, le=MAX_PAGE, description="Per-step "
-                                      "summaries of this many last steps.")) -> RunView:
+                   steps: int = Query(DEFAULT_STEPS, ge=0, le=MAX_PAGE, description="Per-step "
+                                      "summaries of this many last steps (each 100 cost "
+                                      "about 0.8 s on a run of 512-rollout steps in "
+                                      "PostgreSQL).")) -> RunView:
     """What stateful entries (ha_dw anchors, ucb_curriculum statistics) keep for the run, and
     its record: counts and per-step summaries (rollouts, failures, per-component reward mean
     and spread, rollouts per source)."""

@@ -34,7 +34,7 @@ from rewardd.service.jobs.store import FINAL, Job
 from rewardd.service.models import (AdvantagesRequest, RewardsRequest, ScoreRequest,
                                     VerifyRequest)
 from rewardd.service.records.store import MAX_PAGE
-from rewardd.service.runview import RunRecords
+from rewardd.service.runview import DEFAULT_STEPS, RunRecords
 from rewardd.service.services import Services
 from rewardd.service.tenancy import Tenant, authenticate, bearer
 from rewardd.service.verify import known_verifier, verify_one
@@ -218,7 +218,7 @@ class RewarddServicer(pb_grpc.RewarddServicer):
 
     async def GetRun(self, request: Any, context: Any) -> pb.RunView:
         async def work(tenant: Tenant) -> pb.RunView:
-            steps = bounded(request, "steps", 100, 0, MAX_PAGE)
+            steps = bounded(request, "steps", DEFAULT_STEPS, 0, MAX_PAGE)
             view = await RunRecords.of(self.services, tenant.name).view(request.run_id, steps)
             return convert.message_of(pb.RunView, view.model_dump(exclude_none=True))
 

@@ -176,7 +176,7 @@ class _Api:
         (``{"runs": [{"run_id", "first_at", "last_at", "last_step", "rollouts"}]}``)."""
         return self._get(_with_query("/v1/runs", limit=limit))
 
-    def run(self, run_id: str, steps: int = 100) -> Any:
+    def run(self, run_id: str, steps: int = 20) -> Any:
         """GET /v1/runs/{run_id}: its state, its record and per-step summaries of its last
         ``steps`` steps (newest first)."""
         return self._get(_with_query(f"/v1/runs/{_segment(run_id)}", steps=steps))
