@@ -200,6 +200,10 @@ class Settings(WorkerSettings):
         100_000, ge=1, description="Rollouts waiting to be written to the record, at most, "
         "per API process; more while the database is slow or down are dropped and counted "
         "(rewardd_records_dropped_total), never slowing or failing scoring.")
+    record_tenant_queue: int = Field(
+        25_000, ge=1, description="Rollouts one tenant may have waiting in the record's queue "
+        "per API process; more are dropped and counted (reason tenant_full), so one tenant "
+        "flooding a slow database cannot crowd out the others' records.")
     record_queue_bytes: int = Field(
         256 * 1024 * 1024, ge=1, description="The same bound in bytes (completions and about "
         "2 KB per rollout besides): rollouts with long completions waiting for a slow "

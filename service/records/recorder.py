@@ -67,7 +67,8 @@ class Recorder:
                 self._writer = RecordWriter(self.store, self.settings.record_queue,
                                             self._count_dropped, on_written=self._count_written,
                                             prune=self.apply_retention,
-                                            capacity_bytes=self.settings.record_queue_bytes)
+                                            capacity_bytes=self.settings.record_queue_bytes,
+                                            owner_capacity=self.settings.record_tenant_queue)
             return self._writer
 
     @property
@@ -94,7 +95,7 @@ class Recorder:
             len(rollout.completion or "") for group in groups for rollout in group.rollouts)
         now, settings = time.time(), self.settings
         return self.writer().submit_batch(count, lambda: batch_records(
-            tenant, run_id, step, groups, body, settings, now), size)
+            tenant, run_id, step, groups, body, settings, now), size, owner=tenant)
 
     def health(self) -> WriterHealth | None:
         """The writer's state (None before anything was recorded)."""

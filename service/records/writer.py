@@ -63,6 +63,8 @@ class _Pending:
     build: Callable[[], Sequence[RolloutRecord]]
     size: int = 0
     """Bytes it holds, as the submitter estimated them (completions mostly)."""
+    owner: str | None = None
+    """The tenant it was recorded for (None: no per-tenant bound)."""
 
 
 class RecordWriter:
@@ -72,7 +74,8 @@ class RecordWriter:
                  count_dropped: DropCounter | None = None, batch: int = BATCH,
                  on_written: Callable[[int], None] | None = None,
                  prune: Callable[[RecordStore], int] | None = None,
-                 capacity_bytes: int | None = None) -> None:
+                 capacity_bytes: int | None = None,
+                 owner_capacity: int | None = None) -> None:
         self._open_store = store
         """The store, opened on the first write (raises while the database is unreachable:
         handled as a failed write)."""
@@ -88,6 +91,10 @@ class RecordWriter:
         rollouts with long completions must not grow the API's memory without bound while
         the database is down."""
         self._queued_bytes = 0
+        self.owner_capacity = owner_capacity
+        """Rollouts one owner (tenant) may have waiting, at most: one tenant flooding a slow
+        database must not crowd the others' records out of the queue."""
+        self._queued_by: dict[str, int] = {}
         self.batch = batch
         self._count_dropped = count_dropped or (lambda reason, n: None)
         self._inbox: deque[_Pending] = deque()
@@ -121,25 +128,33 @@ class RecordWriter:
         return len(accepted)
 
     def submit_batch(self, count: int, build: Callable[[], Sequence[RolloutRecord]],
-                     size: int = 0) -> int:
+                     size: int = 0, owner: str | None = None) -> int:
         """Queue ``count`` rollouts (about ``size`` bytes) whose records ``build`` makes
         later, in the writer thread (the request pays an append, not the records). All or
         none: a batch that does not fit is dropped and counted whole. Returns how many were
-        accepted."""
+        accepted. ``owner``'s waiting rollouts are bounded by :attr:`owner_capacity` (dropped
+        as ``tenant_full``) before the shared bounds apply."""
+        reason = None
         with self._lock:
-            fits = (not self._closing and self._queued + count <= self.capacity
+            if (owner is not None and self.owner_capacity is not None and not self._closing
+                    and self._queued_by.get(owner, 0) + count > self.owner_capacity):
+                reason = "tenant_full"
+            fits = (reason is None and not self._closing
+                    and self._queued + count <= self.capacity
                     and (self.capacity_bytes is None
                          or self._queued_bytes + size <= self.capacity_bytes))
             if fits and count:
-                self._accept(_Pending(count, build, size))
+                self._accept(_Pending(count, build, size, owner))
         if not fits:
-            self._drop(count)
+            self._drop(count, reason)
         return count if fits else 0
 
     def _accept(self, pending: _Pending) -> None:
         self._inbox.append(pending)
         self._queued += pending.count
         self._queued_bytes += pending.size
+        if pending.owner is not None:
+            self._queued_by[pending.owner] = self._queued_by.get(pending.owner, 0) + pending.count
         self._lock.notify()
 
     def _drop(self, count: int, reason: str | None = None) -> None:
@@ -176,6 +191,7 @@ class RecordWriter:
             left = self._queued - self._in_flight
             self._inbox.clear()
             self._queued_bytes = 0
+            self._queued_by.clear()
             self._queued = self._in_flight
             self._lock.notify_all()
         self._drop(left, "closed")
@@ -203,6 +219,10 @@ class RecordWriter:
                     return
                 pending = self._inbox.popleft()
                 self._queued_bytes -= pending.size  # built: the request's objects are freed
+                if pending.owner is not None:
+                    left = self._queued_by.pop(pending.owner) - pending.count
+                    if left:
+                        self._queued_by[pending.owner] = left
             try:
                 records = list(pending.build())
             except Exception:  # a recording bug: its rollouts are lost, the rest go on

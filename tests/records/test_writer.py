@@ -152,3 +152,31 @@ def test_the_queue_is_bounded_in_bytes_too(store: RecordStore) -> None:
     assert writer.flush(FLUSH_S)
     writer.close()
     assert stored(store) == 3
+
+
+def test_one_tenant_cannot_crowd_another_out_of_the_queue(store: RecordStore) -> None:
+    drops = Drops()
+    writer = RecordWriter(lambda: store, capacity=100, count_dropped=drops, owner_capacity=10)
+    building, gate = threading.Event(), threading.Event()
+
+    def held() -> list:  # the writer thread holds this batch: what follows waits in the queue
+        building.set()
+        gate.wait(FLUSH_S)
+        return [rollout(index=0, tenant="other")]
+
+    assert writer.submit_batch(1, held, owner="other") == 1
+    assert building.wait(FLUSH_S)
+    assert writer.submit_batch(8, lambda: [rollout(index=i) for i in range(1, 9)],
+                               owner="acme") == 8
+    assert writer.submit_batch(5, lambda: [rollout(index=i) for i in range(9, 14)],
+                               owner="acme") == 0  # acme would hold 13 > 10
+    assert drops.counted == {"tenant_full": 5}
+    assert writer.submit_batch(9, lambda: [rollout(index=i, tenant="beta")
+                                           for i in range(20, 29)], owner="beta") == 9
+    gate.set()
+    assert writer.flush(FLUSH_S)
+    assert writer.submit_batch(5, lambda: [rollout(index=i) for i in range(9, 14)],
+                               owner="acme") == 5  # written: room again
+    assert writer.flush(FLUSH_S)
+    writer.close()
+    assert stored(store) == 1 + 8 + 9 + 5
