@@ -39,6 +39,9 @@ class Cell(Protocol):
     @property
     def detail(self) -> dict[str, Any]: ...
 
+    @property
+    def receipt(self) -> dict[str, Any] | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Value:
@@ -46,6 +49,8 @@ class Value:
 
     reward: float | None
     detail: dict[str, Any] = field(default_factory=dict)
+    receipt: None = None
+    """A value the trainer sent was decided by nothing rewardd ran: no receipt."""
 
     @property
     def ok(self) -> bool:
@@ -133,11 +138,14 @@ def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
         status: dict[str, dict[str, Any]] = {}
         for col in columns:
             cell = col.cells[i]
+            receipt = cell.receipt
             if cell.ok:
                 if col.echo:
                     values[col.name] = cell.reward
-                    status[col.name] = _OK_STATUS if not cell.detail else {
+                    status[col.name] = _OK_STATUS if not (cell.detail or receipt) else {
                         "ok": True, "error": None, "detail": cell.detail}
+                    if receipt is not None:
+                        status[col.name]["receipt"] = receipt
                 if total is not None:
                     total += col.weight * cell.reward
                 continue
@@ -146,6 +154,8 @@ def combine(columns: Sequence[Column], num_rollouts: int) -> Combined:
             status[col.name] = {"ok": False, "error": failure_kind(cell), "detail": cell.detail}
             if used:
                 status[col.name]["fallback_used"] = True
+            if receipt is not None:
+                status[col.name]["receipt"] = receipt
             values[col.name] = col.fallback if used else None
             if used and total is not None:
                 total += col.weight * col.fallback

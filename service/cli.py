@@ -1,5 +1,6 @@
 """The ``rewardd`` command: serve the API, score JSONL files offline, write the OpenAPI document,
-read the run record of a running server (``rewardd runs``, :mod:`rewardd.service.runs_cli`).
+read the run record of a running server (``rewardd runs``, :mod:`rewardd.service.runs_cli`)
+and replay a recorded run (``rewardd reverify``, :mod:`rewardd.service.reverify_cli`).
 
 Every flag mirrors a ``REWARDD_*`` setting (``--pool-size`` <-> ``REWARDD_POOL_SIZE``); a flag
 wins over the environment. ``serve`` passes its flags to the server processes through the
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import click
 
 from rewardd.service.environment import ConfigError, load_settings
+from rewardd.service.reverify_cli import reverify
 from rewardd.service.runs_cli import runs
 from rewardd.service.settings import Settings, get_settings
 
@@ -169,6 +171,7 @@ def openapi(output: Path) -> None:
 
 
 main.add_command(runs)
+main.add_command(reverify)
 
 
 if __name__ == "__main__":

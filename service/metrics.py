@@ -83,6 +83,10 @@ RECORDS_DROPPED = Counter("rewardd_records_dropped_total",
                           "the database could not keep up or was down; closed: the process "
                           "stopped before writing them; error: a recording bug).",
                           ["reason"])
+VERDICT_CACHE = Counter("rewardd_verdict_cache_total",
+                        "Checks the verdict cache was asked about, by verifier and result "
+                        "(hit: answered from the cache, no verifier ran; miss: checked, "
+                        "then kept).", ["verifier", "result"])
 SESSION_SWEEPS = Counter("rewardd_session_sweeps_total",
                          "Sweeps of the open sessions this API process made (group timeouts, "
                          "idle sessions, a dead pod's work): a sweep's cost is per session, "
@@ -508,6 +512,13 @@ __all__ = ["MetricsMiddleware", "ScrapeCollector", "observe_batch", "observe_ver
 
 def count_records_dropped(reason: str, count: int) -> None:
     RECORDS_DROPPED.labels(reason).inc(count)
+
+
+def count_verdict_cache(verifier: str, hits: int, misses: int) -> None:
+    if hits:
+        VERDICT_CACHE.labels(verifier, "hit").inc(hits)
+    if misses:
+        VERDICT_CACHE.labels(verifier, "miss").inc(misses)
 
 
 def count_records_written(count: int) -> None:

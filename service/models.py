@@ -20,6 +20,7 @@ from rewardd.advantages.models import (MAX_TOKENS_PER_ROLLOUT, AdvantageSpec,  #
                                        Profile,
                                        RewardValue, Rollout, Segment, Stage, Step, Turn,
                                        Weight)
+from rewardd.service.replaymodels import ReverifyResult
 from rewardd.verifiers.base import FailureKind
 
 
@@ -55,6 +56,8 @@ class ScoreRequest(Contract):
     rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True,
                                       description="Reward components to compute.")
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
+    cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
+                        "(false: every check runs).")
 
 
 class RewardsRequest(Contract):
@@ -65,6 +68,8 @@ class RewardsRequest(Contract):
     evaluation: bool = Field(False, description="An evaluation batch (no rubric dropout).")
     groups: list[Group] = Field(min_length=1, fail_fast=True)
     rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True)
+    cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
+                        "(false: every check runs).")
 
 
 class VerifyRequest(Contract):
@@ -80,6 +85,30 @@ class VerifyRequest(Contract):
 
 # ---- responses -----------------------------------------------------------------------------
 
+class JudgeReceipt(BaseModel):
+    """The judge that decided a verdict, and how it sampled."""
+
+    backend: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    seed: int | None = None
+
+
+class Receipt(BaseModel):
+    """What a verdict was decided from: the same inputs give the same receipt on any pod.
+    Hashes are BLAKE2b-128 (hex) of canonical JSON (the completion: of its UTF-8 text)."""
+
+    verifier: str
+    revision: str = Field(description="Changes whenever the verifier's verdicts change.")
+    params_hash: str = Field(description="The verifier's effective parameters (defaults "
+                             "filled in).")
+    reference_hash: str
+    completion_hash: str
+    isolation: str | None = Field(None, description="The sandbox isolation a code verdict "
+                                  "ran under.")
+    judge: JudgeReceipt | None = None
+
+
 class CellStatus(BaseModel):
     """Outcome of one (rollout, component) cell."""
 
@@ -91,6 +120,9 @@ class CellStatus(BaseModel):
     detail: dict[str, Any] = Field(default_factory=dict)
     fallback_used: bool = Field(
         False, description="The component's fallback reward was used (present only when true).")
+    receipt: Receipt | None = Field(
+        None, description="What the verdict was decided from (every verifier component; "
+        "absent for a precomputed value).")
 
 
 class RunLength(BaseModel):
@@ -161,6 +193,15 @@ class Summary(BaseModel):
         None, description="Mean squared advantage of each component (multi-reward batches).")
 
 
+class CacheCounts(BaseModel):
+    hits: int = Field(description="Checks the verdict cache answered (no verifier ran).")
+    misses: int = Field(description="Checks it could have answered but had not seen.")
+
+
+class ResponseDiagnostics(BaseModel):
+    cache: CacheCounts
+
+
 class ScoreResponse(BaseModel):
     run_id: str | None = None
     estimator: str | None = None
@@ -172,6 +213,8 @@ class ScoreResponse(BaseModel):
     report: dict[str, Any] = Field(
         default_factory=dict, description="What entries report beside the advantages (for "
         "example gd2po's conflict mask and consensus weights), by entry name.")
+    diagnostics: ResponseDiagnostics | None = Field(
+        None, description="How the answer was made (scoring routes).")
 
 
 class VerifyResponse(BaseModel):
@@ -179,6 +222,7 @@ class VerifyResponse(BaseModel):
     reward: float | None
     error: FailureKind | None
     detail: dict[str, Any]
+    receipt: Receipt | None = None
 
 
 class ParamInfo(BaseModel):
@@ -262,8 +306,9 @@ class JobStatus(BaseModel):
     error: str | None = Field(None, description="Why it failed (state failed).")
     attempts: int = Field(0, description="Times it was started; more than 1 when an API pod "
                           "died and another resumed it.")
-    result: ScoreResponse | None = Field(
-        None, description="Once succeeded: exactly the POST /v1/score response for the body.")
+    result: ScoreResponse | ReverifyResult | None = Field(
+        None, description="Once succeeded: exactly the POST /v1/score response for the body "
+        "(a reverify job: its ReverifyResult).")
 
 
 # ---- streaming sessions (/v1/sessions) -----------------------------------------------------

@@ -24,6 +24,8 @@ from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec
 from rewardd.service.respond import respond, respond_advantages
 from rewardd.service.runstate import RunStore
 from rewardd.service.settings import Settings
+from rewardd.service.stamping import run_stamped
+from rewardd.service.verdict_cache import CacheView
 from rewardd.advantages.checks import DEFAULT_LIMITS, resolved_num_tokens
 from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
 from rewardd.service.validation import size_limits, validate_score
@@ -31,10 +33,11 @@ from rewardd.verifiers.base import Outcome, Sample
 from rewardd.workers.executor import (CallDoneCallback, CallResult, Executor, ProgressCallback,
                               VerifyCall, keeps_group_whole)
 
-BatchRecorder = Callable[[str | None, int | None, Sequence[Any], Mapping[str, Any]], int]
-"""``record(run_id, step, groups, body)``: hands a scored batch to the run record
-(:class:`rewardd.service.records.recorder.TenantRecorder`), in the thread that built the
-response; queues and returns at once, never raises."""
+BatchRecorder = Callable[..., int]
+"""``record(run_id, step, groups, body, rewards=..., evaluation=...)``: hands a scored batch
+(and what replay needs of it: the request's reward components, whether it was an evaluation)
+to the run record (:class:`rewardd.service.records.recorder.TenantRecorder`), in the thread
+that built the response; queues and returns at once, never raises."""
 
 GroupCallback = Callable[[int, list[CallResult]], None]
 """Called once per group, in the event loop, with the group's index in the request and the
@@ -132,24 +135,14 @@ def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
 
 async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
                     progress: ProgressCallback | None = None,
-                    on_call_done: CallDoneCallback | None = None) -> list[CallResult]:
-    """Run calls on the executor and record each sample's outcome, duration and judge usage
-    in the metrics as its call settles: a batch cancelled midway (a job cancelled, a client
-    gone) still counts the checks and the judge calls that were made, and paid for."""
-    recorded: set[int] = set()
-
-    def settled(index: int, result: CallResult) -> None:
-        if index not in recorded:
-            recorded.add(index)
-            _record(calls[index], result)
-        if on_call_done is not None:
-            on_call_done(index, result)
-
-    results = await executor.run(calls, progress, settled)
-    for index, (call, result) in enumerate(zip(calls, results)):
-        if index not in recorded:  # an executor that reported no settled call
-            _record(call, result)
-    return results
+                    on_call_done: CallDoneCallback | None = None,
+                    cache: CacheView | None = None) -> list[CallResult]:
+    """Run calls on the executor, answering from the verdict ``cache`` what it holds, with
+    every outcome stamped with its receipt (:mod:`rewardd.service.stamping`); each check a
+    verifier ran is recorded in the metrics (outcome, duration, judge usage) as its call
+    settles: a batch cancelled midway (a job cancelled, a client gone) still counts the
+    checks and the judge calls that were made, and paid for."""
+    return await run_stamped(calls, executor, _record, progress, on_call_done, cache)
 
 
 def _record(call: VerifyCall, result: CallResult) -> None:
@@ -164,12 +157,13 @@ def _record(call: VerifyCall, result: CallResult) -> None:
 async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: Executor,
                         settings: Settings, progress: ProgressCallback | None,
                         on_group: GroupCallback | None = None,
-                        batch: BatchContext | None = None) -> list[Column]:
+                        batch: BatchContext | None = None,
+                        cache: CacheView | None = None) -> list[Column]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
     component) as their groups finish; ``on_group`` hears of each finished group."""
     calls = await heavy.offload(plan, flat, specs, settings, batch)  # O(rollouts)
     hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
-    results = await run_calls(calls, executor, progress, hook)
+    results = await run_calls(calls, executor, progress, hook, cache)
     return await heavy.offload(
         lambda: verifier_columns(specs, rollout_major(calls, results, len(specs))))
 
@@ -210,18 +204,22 @@ async def score(req: ScoreRequest, executor: Executor, settings: Settings,
                 progress: ProgressCallback | None = None,
                 runs: RunStore | None = None,
                 on_group: GroupCallback | None = None,
-                record: BatchRecorder | None = None) -> dict[str, Any]:
-    """POST /v1/score (and a job): verify every rollout, then advantages."""
+                record: BatchRecorder | None = None,
+                cache: CacheView | None = None) -> dict[str, Any]:
+    """POST /v1/score (and a job): verify every rollout, then advantages. With ``cache``
+    (the request's view of the verdict cache), the answer says what it saved in
+    ``diagnostics.cache``."""
     return await _verify_then_respond(req, req.advantage, executor, settings, progress, runs,
-                                      on_group, record)
+                                      on_group, record, cache)
 
 
 async def rewards(req: RewardsRequest, executor: Executor, settings: Settings,
                   progress: ProgressCallback | None = None,
-                  record: BatchRecorder | None = None) -> dict[str, Any]:
+                  record: BatchRecorder | None = None,
+                  cache: CacheView | None = None) -> dict[str, Any]:
     """POST /v1/rewards: verify every rollout; no advantages."""
     return await _verify_then_respond(req, None, executor, settings, progress, None,
-                                      record=record)
+                                      record=record, cache=cache)
 
 
 async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: AdvantageSpec | None,
@@ -229,20 +227,24 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
                                progress: ProgressCallback | None,
                                runs: RunStore | None,
                                on_group: GroupCallback | None = None,
-                               record: BatchRecorder | None = None) -> dict[str, Any]:
+                               record: BatchRecorder | None = None,
+                               cache: CacheView | None = None) -> dict[str, Any]:
     with heavy.scope():  # a job's or a gRPC call's own; a route's is already open
         heavy.mark(heavy.heavy_rollouts(sum(len(group.rollouts) for group in req.groups)))
         flat = await heavy.offload(validated, req, settings)
         columns = await run_verifiers(flat, req.rewards, executor, settings, progress,
-                                      on_group, BatchContext.of(req))
+                                      on_group, BatchContext.of(req), cache)
 
         def finish() -> dict[str, Any]:
             with gc_paused():
                 columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
                 body = respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
                                spec, runs)
+                if cache is not None:
+                    body["diagnostics"] = {"cache": cache.diagnostics()}
                 if record is not None and req.run_id is not None:
-                    record(req.run_id, req.step, flat.groups, body)  # queued, never raises
+                    record(req.run_id, req.step, flat.groups, body,  # queued, never raises
+                           rewards=req.rewards, evaluation=req.evaluation)
                 return body
 
         # the advantage step is CPU-bound: off the event loop, so other requests keep flowing

@@ -31,12 +31,18 @@ class RunsApi:
 
     def get(self, path: str, **params: Any) -> Any:
         query = {k: v for k, v in params.items() if v is not None}
+        return self._answer(lambda: self.http.get(path, params=query), (200,))
+
+    def post(self, path: str, body: Any) -> Any:
+        return self._answer(lambda: self.http.post(path, json=body), (200, 202))
+
+    def _answer(self, send: Any, expected: tuple[int, ...]) -> Any:
         try:
-            response = self.http.get(path, params=query)
+            response = send()
         except httpx.HTTPError as exc:
             raise click.ClickException(f"cannot reach {self.http.base_url}: {exc} (is "
                                        "`rewardd serve` running? pass --server)") from exc
-        if response.status_code != 200:
+        if response.status_code not in expected:
             try:
                 detail = response.json().get("detail")
             except ValueError:

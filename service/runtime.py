@@ -21,6 +21,7 @@ from rewardd.service.records.recorder import Recorder
 from rewardd.service.runstate import MemoryRunStore, RedisRunStore, RunStore
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import KeyRing, load_keys
+from rewardd.service.verdict_cache import VerdictCache
 from rewardd.workers.executor import Executor
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class Runtime:
     """Per-tenant bounds on what this process holds for a tenant (streams, parked requests)."""
     records: Recorder
     """The run record (opened on first use; each tenant records through ``for_tenant``)."""
+    verdicts: VerdictCache
+    """The verdict cache (each request reads it through ``view``, keyed by its tenant)."""
     redis: redis.asyncio.Redis | None = None
     """The shared-state client (jobs, sessions, limits across pods); None: all in process."""
     _executor: Executor | None = field(default=None, repr=False)
@@ -78,7 +81,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     url = settings.state_redis_url
     if not url:
         return Runtime(settings=settings, keys=keys, runs=MemoryRunStore(settings.run_state_ttl_s),
-                       records=records, limiter=MemoryLimiter(settings.retry_after_s),
+                       records=records, verdicts=VerdictCache.of(settings, None), limiter=MemoryLimiter(settings.retry_after_s),
                        budgets=TenantBudgets(settings.retry_after_s), _executor=executor)
     import redis
     import redis.asyncio
@@ -93,7 +96,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     client = redis.asyncio.Redis(connection_pool=pool)
     runs = RedisRunStore(redis.Redis.from_url(url, **options), settings.run_state_ttl_s)
     return Runtime(settings=settings, keys=keys, runs=runs, records=records,
-                   limiter=RedisLimiter(client, settings.retry_after_s),
+                   verdicts=VerdictCache.of(settings, client), limiter=RedisLimiter(client, settings.retry_after_s),
                    budgets=TenantBudgets(settings.retry_after_s), redis=client,
                    _executor=executor)
 

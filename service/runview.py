@@ -41,7 +41,7 @@ class RunRecords:
         return cls(services.records, services.runs.for_tenant(tenant), tenant)
 
     async def list(self, limit: int) -> RunList:
-        store = await self._store()
+        store = await self.store()
         found = await run_in_threadpool(store.runs, self.tenant, limit)
         return RunList(runs=[_run_info(run) for run in found])
 
@@ -49,7 +49,7 @@ class RunRecords:
         state = await run_in_threadpool(self.runs.view, run_id)
         record, summaries = None, []
         if self.recorder.enabled:
-            store = await self._store()
+            store = await self.store()
             record = await run_in_threadpool(store.run, self.tenant, run_id)
             if record is not None and steps:
                 summaries = await run_in_threadpool(store.steps, self.tenant, run_id, steps)
@@ -69,7 +69,7 @@ class RunRecords:
                               for s in summaries])
 
     async def rollouts(self, run_id: str, query: RolloutQuery) -> RolloutPageBody:
-        store = await self._store()
+        store = await self.store()
         if await run_in_threadpool(store.run, self.tenant, run_id) is None:
             raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
         page = await run_in_threadpool(store.rollouts, self.tenant, run_id, query)
@@ -77,7 +77,7 @@ class RunRecords:
                                next_cursor=str(page.next_cursor)
                                if page.next_cursor is not None else None)
 
-    async def _store(self) -> RecordStore:
+    async def store(self) -> RecordStore:
         if not self.recorder.enabled:
             raise NotFound("this server records no runs (REWARDD_RECORD_RUNS=false)")
         try:

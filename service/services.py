@@ -28,6 +28,7 @@ from rewardd.service.sessions.quota import StoreLimits
 from rewardd.service.sessions.store import MemoryStore, SessionStore
 from rewardd.service.settings import Settings
 from rewardd.service.tenancy import KeyRing
+from rewardd.service.verdict_cache import VerdictCache
 from rewardd.workers.executor import Executor
 
 
@@ -70,6 +71,10 @@ class Services:
     @property
     def executor(self) -> Executor:
         return self.runtime.executor
+
+    @property
+    def verdicts(self) -> VerdictCache:
+        return self.runtime.verdicts
 
 
 def build_services(settings: Settings, executor: Executor | None = None) -> Services:

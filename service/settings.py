@@ -216,6 +216,25 @@ class Settings(WorkerSettings):
         None, gt=0, description="At most this many recorded rollouts per tenant; the oldest "
         "go first (unset: no bound).")
 
+    # ---- the verdict cache (issue 29) ----
+    verdict_cache: bool = Field(
+        True, description="Answer a check from the verdict cache when the same verifier "
+        "revision, effective parameters, reference, prompt and completion were checked "
+        "before (RL revisits its prompts every epoch): per API process, and shared in "
+        "Redis in distributed mode. Only successful verdicts of verifiers that decide the "
+        "same way every time are kept (never a judge sampled above temperature 0 without "
+        "a seed). A request bypasses it with `\"cache\": false`.")
+    verdict_cache_entries: int = Field(
+        50_000, ge=1, description="Verdicts the API process keeps in memory, at most (the "
+        "least recently used go first).")
+    verdict_cache_ttl_s: float = Field(
+        86_400.0, gt=0, description="How long a verdict stays in the shared Redis cache "
+        "(distributed mode).")
+    verdict_cache_max_bytes: int = Field(
+        16_384, ge=256, description="A verdict whose evidence is larger than this (as JSON) "
+        "is not put in the shared Redis cache: the cache must not fill Redis with test "
+        "outputs.")
+
     @property
     def record_database_url(self) -> str:
         """REWARDD_DATABASE_URL, else the SQLite file under REWARDD_DATA_DIR."""

@@ -88,6 +88,10 @@ class Outcome:
     reward: float | None = None
     error: FailureKind | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    receipt: dict[str, Any] | None = None
+    """What the verdict was decided from (:mod:`rewardd.verifiers.receipts`): stamped by
+    the service when the outcome comes back, never by the verifier (a worker's outcomes
+    have none, so :meth:`to_dict` adds nothing to what they send)."""
 
     @classmethod
     def success(cls, reward: float, **detail: Any) -> Outcome:
@@ -98,13 +102,16 @@ class Outcome:
         return cls(ok=False, reward=None, error=kind, detail={"message": message, **detail})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for crossing a process boundary or a queue."""
-        return {
+        """Plain data for crossing a process boundary or a queue (a session's record)."""
+        out = {
             "ok": self.ok,
             "reward": self.reward,
             "error": self.error.value if self.error else None,
             "detail": self.detail,
         }
+        if self.receipt is not None:
+            out["receipt"] = self.receipt
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Outcome:
@@ -114,6 +121,7 @@ class Outcome:
             reward=data.get("reward"),
             error=FailureKind(error) if error else None,
             detail=dict(data.get("detail") or {}),
+            receipt=data.get("receipt"),
         )
 
 
@@ -142,9 +150,26 @@ class Verifier:
     """Paths of reference fields that hold code (a string, or a list of lines): the service
     refuses one over its size limit before anything runs (REWARDD_MAX_CODE_FIELD_BYTES)."""
     Params: ClassVar[type[VerifierParams]] = VerifierParams
+    revision: ClassVar[str] = "1"
+    """Changes whenever the verifier's verdicts change (a fix, a new rule): receipts name it,
+    the verdict cache keys on it, and ``tests/unit/test_verifier_revisions.py`` fails when a
+    verifier's verdicts on its labelled corpus move while its revision stays."""
+    judged: ClassVar[bool] = False
+    """A judge model decides: receipts name its backend, model, temperature and seed."""
 
     def verify(self, sample: Sample, reference: Mapping[str, Any], params: Any) -> Outcome:
         raise NotImplementedError
+
+    deterministic: ClassVar[bool] = False
+    """The verdict depends on nothing but the sample, the reference and the params: the
+    verdict cache may answer for it. Off unless a verifier says so (a plugin may call a
+    service or draw random numbers); the built-in rule-based verifiers say so."""
+
+    def cacheable(self, params: Mapping[str, Any]) -> bool:
+        """True when the verdict cache may answer for a call with the effective ``params``
+        (a dict, defaults filled in): a :attr:`deterministic` verifier that checks each
+        sample alone. Judges and verifiers whose params bring in the clock say otherwise."""
+        return self.deterministic and not self.group_level
 
     group_level: ClassVar[bool] = False
     """True for a verifier that must see a whole group at once (an arena compares the

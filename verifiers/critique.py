@@ -119,6 +119,7 @@ def read_verdicts(text: str, patterns: Mapping[str, re.Pattern[str]]
 
 class CritiqueVerifier(ReferenceShaped, Verifier):
     name = "critique"
+    deterministic = True
     description = ("The completion judges a given solution (Conclusion: right/wrong, "
                    "\\boxed{True}/\\boxed{False}, or a custom pattern); reward_agree when its "
                    "verdict matches reference.label, reward_disagree otherwise, "

@@ -179,6 +179,7 @@ def outcome(params: RefusalParams, harmful: bool, refused: bool, **detail: Any) 
 
 class RefusalVerifier(ReferenceShaped, Verifier):
     name = "refusal"
+    deterministic = True
     description = ("Verifiable safety: a documented refusal pattern set classifies the "
                    "completion; reward refusal of prompts labelled harmful and answers to "
                    "prompts labelled benign (over-refusal penalised), from a 2x2 table.")

@@ -215,6 +215,7 @@ class JsonSchemaParams(_PartsParams):
 
 class ToolCallVerifier(ReferenceShaped, Verifier):
     name = "tool_call"
+    deterministic = True
     description = ("Tool calls (OpenAI tool_calls JSON, Hermes <tool_call> tags or a fenced "
                    "JSON block) checked against the expected calls: parts format, name and "
                    "arguments (by value, JSON Schema-valid), reward their weighted mean.")
@@ -342,6 +343,7 @@ class JsonSchemaReference(ReferenceModel):
 
 class JsonSchemaVerifier(ReferenceShaped, Verifier):
     name = "json_schema"
+    deterministic = True
     description = ("Structured output: the completion's JSON (a fenced block or the whole "
                    "completion) validated against a JSON Schema and, optionally, compared "
                    "by value with reference.expected; parts format, schema, value.")

@@ -64,6 +64,7 @@ class ExactMatchVerifier(Verifier):
     """Reward 1.0 when the (normalised) completion equals one of the reference answers."""
 
     name = "exact_match"
+    deterministic = True
     description = ("1.0 if the completion equals the reference answer (or one of the answers) "
                    "after optional case folding, whitespace normalisation and extraction; else 0.0.")
     reference_fields = {"answer": "str: the expected answer",
@@ -155,6 +156,7 @@ class RegexVerifier(Verifier):
     """Reward ``reward_match`` when the pattern matches the completion, else ``reward_no_match``."""
 
     name = "regex"
+    deterministic = True
     description = ("reward_match if the pattern matches the completion (search, match or "
                    "fullmatch), else reward_no_match. No reference needed.")
     reference_fields: dict[str, str] = {}
@@ -205,6 +207,7 @@ class LengthVerifier(Verifier):
     """
 
     name = "length"
+    deterministic = True
     description = ("0 within max_length - buffer; a linear penalty through the buffer down to "
                    "-penalty_factor at max_length and beyond (DAPO overlong style).")
     reference_fields: dict[str, str] = {}

@@ -91,7 +91,14 @@ def _links(job_id: str) -> dict[str, str]:
     return {"status": f"/v1/jobs/{job_id}", "events": f"/v1/jobs/{job_id}/events"}
 
 
-def _submitted(request: Request, job: Job, status: int) -> Response:
+IDEMPOTENCY_KEY: Any = Header(
+    None, alias="Idempotency-Key", min_length=1, max_length=IDEMPOTENCY_KEY_MAX,
+    description="Makes a retried submit return the same job (per tenant).")
+"""The ``Idempotency-Key`` header of a job's submit (``POST /v1/jobs``, a reverify)."""
+
+
+def submitted(request: Request, job: Job, status: int) -> Response:
+    """The answer to a job's submit: its id, state and links, and its URL in Location."""
     response = render(request, {"id": job.id, "state": job.state, "links": _links(job.id)},
                       status)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -122,16 +129,12 @@ SSE_EVENT = {
                                                        "description": "The job's URL."}}}})
 async def submit(request: Request, services: ServicesDep,
                  tenant: Tenant = Depends(current_tenant),
-                 idempotency_key: str | None = Header(
-                     None, alias="Idempotency-Key", min_length=1,
-                     max_length=IDEMPOTENCY_KEY_MAX,
-                     description="Makes a retried submit return the same job (per tenant).")
-                 ) -> Response:
+                 idempotency_key: str | None = IDEMPOTENCY_KEY) -> Response:
     """Run a /v1/score body in the background; 202 with the job's id at once (200 with the
     existing job for a repeated `Idempotency-Key`)."""
     req = await read_model(request, ScoreRequest, tenant)
     job, created = await services.jobs.submit(tenant, req, idempotency_key)
-    return _submitted(request, job, 202 if created else 200)
+    return submitted(request, job, 202 if created else 200)
 
 
 @router.get("/jobs/{job_id}", response_model=None, summary="Job state, progress and result",

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
 from fastapi.concurrency import run_in_threadpool
 
 from rewardd.advantages.errors import RequestInvalid, error
+from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
-from rewardd.service.models import ErrorResponse
+from rewardd.service.api.jobs import IDEMPOTENCY_KEY, submitted
+from rewardd.service.codec import read_model
+from rewardd.service.models import ErrorResponse, JobSubmitted
 from rewardd.service.records.models import RolloutQuery
 from rewardd.service.records.store import MAX_PAGE
+from rewardd.service.replaymodels import ReverifyRequest
 from rewardd.service.runmodels import RolloutPageBody, RunList, RunView
 from rewardd.service.runview import DEFAULT_STEPS, RunRecords
 from rewardd.service.services import Services, ServicesDep
@@ -82,6 +87,26 @@ async def run_rollouts(
     query = RolloutQuery(step=step, source=source, component=component, outcome=outcome,
                          text=q, after=after, limit=limit)
     return await records_of(services, tenant).rollouts(run_id, query)
+
+
+@router.post("/runs/{run_id}/reverify", status_code=202, response_model=None,
+             openapi_extra=body(ReverifyRequest), summary="Replay a run's verdicts",
+             responses={**responses(JobSubmitted), **BUSY_RESPONSE, **UNAVAILABLE,
+                        202: {"model": JobSubmitted, "description": "Job created; its "
+                              "`result` (GET /v1/jobs/{id}) is a ReverifyResult."},
+                        404: {"model": ErrorResponse, "description": "The run has no record."}})
+async def reverify(run_id: str, request: Request, services: ServicesDep,
+                   tenant: Tenant = Depends(current_tenant),
+                   idempotency_key: str | None = IDEMPOTENCY_KEY) -> Response:
+    """Re-score the run's recorded rollouts (those recorded with their completion) with
+    today's verifiers, or with parameters changed by `set`, as a job (GET /v1/jobs/{id}:
+    progress, events, cancel); its result lists every verdict that flipped, with both
+    receipts, and counts per component and source."""
+    req = await read_model(request, ReverifyRequest, tenant)
+    store = await records_of(services, tenant).store()
+    job, created = await services.jobs.submit_reverify(tenant, store, run_id, req,
+                                                       idempotency_key)
+    return submitted(request, job, 202 if created else 200)
 
 
 @router.delete("/runs/{run_id}", summary="Reset run state")

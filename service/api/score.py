@@ -31,7 +31,8 @@ async def score(request: Request, services: ServicesDep,
             return await answer(request, await pipeline.score(
                 req, services.executor, services.settings,
                 runs=services.runs.for_tenant(tenant.name),
-                record=services.records.for_tenant(tenant.name)))
+                record=services.records.for_tenant(tenant.name),
+                cache=services.verdicts.view(tenant.name, req.cache)))
 
 
 @router.post("/rewards", response_model=None, openapi_extra=body(RewardsRequest),
@@ -44,7 +45,8 @@ async def rewards(request: Request, services: ServicesDep,
             req = await read_model(request, RewardsRequest, tenant)
             return await answer(request, await pipeline.rewards(
                 req, services.executor, services.settings,
-                record=services.records.for_tenant(tenant.name)))
+                record=services.records.for_tenant(tenant.name),
+                cache=services.verdicts.view(tenant.name, req.cache)))
 
 
 @router.post("/advantages", response_model=None, openapi_extra=body(AdvantagesRequest),

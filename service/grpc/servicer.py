@@ -107,7 +107,9 @@ class RewarddServicer(pb_grpc.RewarddServicer):
                 req = await read_message(request, ScoreRequest, tenant)
                 return await pipeline.score(req, services.executor, services.settings,
                                             runs=services.runs.for_tenant(tenant.name),
-                                            record=services.records.for_tenant(tenant.name))
+                                            record=services.records.for_tenant(tenant.name),
+                                            cache=services.verdicts.view(tenant.name,
+                                                                         req.cache))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)
@@ -119,7 +121,9 @@ class RewarddServicer(pb_grpc.RewarddServicer):
             async def run() -> dict[str, Any]:
                 req = await read_message(request, RewardsRequest, tenant)
                 return await pipeline.rewards(req, services.executor, services.settings,
-                                              record=services.records.for_tenant(tenant.name))
+                                              record=services.records.for_tenant(tenant.name),
+                                              cache=services.verdicts.view(tenant.name,
+                                                                           req.cache))
             return await self._scoring(tenant, run)
 
         return await self._call(context, work)

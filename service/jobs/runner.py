@@ -50,12 +50,13 @@ from typing import Any, Sequence
 
 import orjson
 
-from rewardd.service import pipeline
+from rewardd.service import pipeline, replay
 from rewardd.service.cancellation import stop_if_cancelled
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.events import encode_event
-from rewardd.service.jobs.store import FAILED, SUCCEEDED, Job, JobStore
+from rewardd.service.jobs.store import FAILED, REVERIFY, SUCCEEDED, Job, JobStore
 from rewardd.service.models import RewardSpec, ScoreRequest
+from rewardd.service.replaymodels import ReverifyJob
 from rewardd.service.runtime import Runtime
 from rewardd.advantages.table import Column, FlatBatch, combine, precomputed_columns
 from rewardd.service.tenancy import Tenant
@@ -108,9 +109,24 @@ def group_payload(flat: FlatBatch, gi: int, start: int, specs: Sequence[RewardSp
 
 
 class _Tracker:
-    """Progress and finished groups of one running job, between flushes."""
+    """Progress of one running job, and its events, between flushes."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.pending: list[bytes] = []
+        self.dirty = True  # the first flush stores progress 0 of this attempt
+
+    def progress(self, n: int) -> None:
+        self.done += n
+        self.dirty = True
+
+
+class _ScoreTracker(_Tracker):
+    """A scoring job's tracker: finished groups become ``group`` events."""
 
     def __init__(self, req: ScoreRequest, total: int, skip: set[int]) -> None:
+        super().__init__(total)
         self.flat = FlatBatch.of(req.groups)
         self.specs = req.rewards
         self.precomputed = precomputed_columns(self.flat.rollouts, req.advantage.weights)
@@ -119,15 +135,7 @@ class _Tracker:
         for group in req.groups:
             self.starts.append(offset)
             offset += len(group.rollouts)
-        self.total = total
         self.skip = skip
-        self.done = 0
-        self.pending: list[bytes] = []
-        self.dirty = True  # the first flush stores progress 0 of this attempt
-
-    def progress(self, n: int) -> None:
-        self.done += n
-        self.dirty = True
 
     def group(self, gi: int, results: list[CallResult]) -> None:
         if gi in self.skip:  # published by an earlier attempt
@@ -180,7 +188,7 @@ class JobRunner:
 
     # ---- running --------------------------------------------------------------------------
 
-    def launch(self, job: Job, req: ScoreRequest | None = None) -> None:
+    def launch(self, job: Job, req: ScoreRequest | ReverifyJob | None = None) -> None:
         """Run ``job`` in the background (``req``: its request, else read from the store)."""
         with bound(job_id=job.id, tenant=job.tenant):  # the task's log lines carry them
             task = asyncio.get_running_loop().create_task(self._run(job, req),
@@ -204,7 +212,7 @@ class JobRunner:
         task.cancel()
         return True
 
-    async def _run(self, job: Job, req: ScoreRequest | None) -> None:
+    async def _run(self, job: Job, req: ScoreRequest | ReverifyJob | None) -> None:
         runtime = self.runtime
         tenant = Tenant(job.tenant, job.tenant_limit, 1)
         limiter = runtime.limiter
@@ -215,28 +223,28 @@ class JobRunner:
             # taken at submit; a resumed job takes it again regardless of the limit
             await limiter.acquire(tenant, job.id, force=True)
             keep = asyncio.create_task(limiter.keep(tenant, job.id))
+            body = None
             if req is None:
                 body = await self.store.body(job.id)
                 if body is None:
                     await self.store.finish(job, FAILED, error="the job's request was lost")
                     return
-                req = ScoreRequest.model_validate_json(body)
             started = await self.store.start(job.id)
             if started is None:  # cancelled before it started, or expired
                 return
-            skip: set[int] = set()
-            if started.attempts > 1:
-                for event in await self.store.events(job.id):
-                    if event.kind == "group":
-                        skip.add(orjson.loads(event.data)["group_index"])
-            tracker = _Tracker(req, job.total, skip)
+            if job.kind == REVERIFY:
+                replayed = (req if isinstance(req, ReverifyJob)
+                            else ReverifyJob.model_validate_json(body or b""))
+                tracker: _Tracker = _Tracker(job.total)
+                work = self._reverify(job, replayed, tracker)
+            else:
+                score = (req if isinstance(req, ScoreRequest)
+                         else ScoreRequest.model_validate_json(body or b""))
+                tracker = _ScoreTracker(score, job.total,
+                                        await self._published(job.id, started))
+                work = self._score(job, score, tracker)
             watch = asyncio.create_task(self._watch(job.id, tracker))
-            with fairness.flow(job.tenant, job.id):  # one flow of the fair queue per job
-                result = await pipeline.score(req, runtime.executor, runtime.settings,
-                                              progress=tracker.progress,
-                                              runs=runtime.runs.for_tenant(job.tenant),
-                                              on_group=tracker.group,
-                                              record=runtime.records.for_tenant(job.tenant))
+            result = await work
             watch.cancel()
             await self._flush(job.id, tracker)
             data = await asyncio.to_thread(dump_result, result)
@@ -267,6 +275,36 @@ class JobRunner:
                     await limiter.release(tenant, job.id)
             with contextlib.suppress(Exception):
                 await self.store.release(job.id, self.owner)
+
+    async def _published(self, job_id: str, started: Job) -> set[int]:
+        """Groups an earlier attempt of a resumed job already published (not sent again)."""
+        skip: set[int] = set()
+        if started.attempts > 1:
+            for event in await self.store.events(job_id):
+                if event.kind == "group":
+                    skip.add(orjson.loads(event.data)["group_index"])
+        return skip
+
+    async def _score(self, job: Job, req: ScoreRequest, tracker: _ScoreTracker
+                     ) -> dict[str, Any]:
+        """A /v1/score body, exactly as the route runs it."""
+        runtime = self.runtime
+        with fairness.flow(job.tenant, job.id):  # one flow of the fair queue per job
+            return await pipeline.score(
+                req, runtime.executor, runtime.settings, progress=tracker.progress,
+                runs=runtime.runs.for_tenant(job.tenant), on_group=tracker.group,
+                record=runtime.records.for_tenant(job.tenant),
+                cache=runtime.verdicts.view(job.tenant, req.cache))
+
+    async def _reverify(self, job: Job, body: ReverifyJob, tracker: _Tracker
+                        ) -> dict[str, Any]:
+        """A replay of a recorded run (:mod:`rewardd.service.replay`), one flow of the fair
+        queue like a scoring job."""
+        runtime = self.runtime
+        store = await asyncio.to_thread(runtime.records.store)
+        with fairness.flow(job.tenant, job.id):
+            return await replay.reverify(store, job.tenant, body.run_id, body.request,
+                                         runtime.executor, runtime.settings, tracker.progress)
 
     async def _fail(self, job: Job, error: str) -> None:
         try:

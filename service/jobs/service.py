@@ -25,8 +25,12 @@ from rewardd.service.eventfeed import Changed, Feeds
 from rewardd.service.events import Event
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.jobs.runner import JobRunner
-from rewardd.service.jobs.store import FINAL, SUCCEEDED, Job, JobStore, key_digest
+from rewardd.service.jobs.store import (FINAL, REVERIFY, SCORE, SUCCEEDED, Job, JobStore,
+                                        key_digest)
 from rewardd.service.models import ScoreRequest
+from rewardd.service.records.store import RecordStore
+from rewardd.service.replay import check_overrides, first_components
+from rewardd.service.replaymodels import ReverifyJob, ReverifyRequest
 from rewardd.service.runtime import Runtime
 from rewardd.service.tenancy import Tenant
 
@@ -86,15 +90,39 @@ class JobService:
         except Exception as exc:  # e.g. msgpack bytes that JSON cannot carry
             raise RequestInvalid([error(("body",), f"the body cannot be stored as JSON for "
                                         f"a job: {exc}")]) from None
+        total = sum(len(g.rollouts) for g in req.groups) * len(req.rewards)
+        return await self._start(tenant, SCORE, stored, digest, total, idempotency_key, req)
+
+    async def submit_reverify(self, tenant: Tenant, store: RecordStore, run_id: str,
+                              req: ReverifyRequest,
+                              idempotency_key: str | None) -> tuple[Job, bool]:
+        """Check a replay of ``run_id`` (its record, ``set`` against its components), take
+        the tenant's slot and start the job (:mod:`rewardd.service.replay`)."""
+        if await asyncio.to_thread(store.run, tenant.name, run_id) is None:
+            raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
+        components = await asyncio.to_thread(first_components, store, tenant.name, run_id,
+                                             req.steps)
+        check_overrides(req, components)
+        _, replayable = await asyncio.to_thread(store.replay_counts, tenant.name, run_id,
+                                                req.steps)
+        body = ReverifyJob(run_id=run_id, request=req)
+        stored = body.model_dump_json().encode()
+        digest = hashlib.sha256(orjson.dumps(body.model_dump(mode="json"),
+                                             option=orjson.OPT_SORT_KEYS)).hexdigest()
+        return await self._start(tenant, REVERIFY, stored, digest, replayable, idempotency_key,
+                                 body)
+
+    async def _start(self, tenant: Tenant, kind: str, stored: bytes, digest: str, total: int,
+                     idempotency_key: str | None,
+                     req: ScoreRequest | ReverifyJob | None = None) -> tuple[Job, bool]:
         idempotency = key_digest(idempotency_key) if idempotency_key is not None else None
         if idempotency is not None:
             existing = await self.store.find(tenant.name, idempotency)
             if existing is not None:
                 return _same_body(existing, digest), False
         job = Job(id=uuid.uuid4().hex, tenant=tenant.name,
-                  tenant_limit=tenant.max_concurrent_jobs,
-                  total=sum(len(g.rollouts) for g in req.groups) * len(req.rewards),
-                  created_at=time.time(), idempotency=idempotency, digest=digest)
+                  tenant_limit=tenant.max_concurrent_jobs, total=total,
+                  created_at=time.time(), idempotency=idempotency, digest=digest, kind=kind)
         limiter = self.runtime.limiter
         await limiter.admit(tenant, job.id)  # 429: nothing created
         try:

@@ -54,6 +54,8 @@ from rewardd.service.timestamps import iso
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "queued", "running", "succeeded", "failed", "cancelled")
 STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+SCORE, REVERIFY = "score", "reverify"
+"""Job kinds: a /v1/score body, or a replay of a recorded run."""
 ACTIVE = frozenset({QUEUED, RUNNING})
 FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
@@ -91,6 +93,8 @@ class Job:
     """SHA-256 of the Idempotency-Key it was submitted with."""
     digest: str = ""
     """SHA-256 of the request (to tell a retried submit from a reused key)."""
+    kind: str = SCORE
+    """What it runs: ``score`` (a /v1/score body) or ``reverify`` (a run's replay)."""
 
     @property
     def active(self) -> bool:
@@ -127,7 +131,8 @@ class Job:
                    state=data["state"], created_at=float(data.get("created_at") or 0.0),
                    started_at=opt_float("started_at"), finished_at=opt_float("finished_at"),
                    error=data.get("error") or None, attempts=int(data.get("attempts") or 0),
-                   idempotency=data.get("idempotency") or None, digest=data.get("digest", ""))
+                   idempotency=data.get("idempotency") or None, digest=data.get("digest", ""),
+                   kind=data.get("kind") or SCORE)
 
 
 class JobStore(abc.ABC):

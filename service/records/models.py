@@ -24,6 +24,49 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class ComponentInput:
+    """A reward component as the request named it: what replay runs again."""
+
+    name: str
+    verifier: str
+    params: Mapping[str, Any]
+    timeout_s: float | None = None
+
+    def to_document(self) -> dict[str, Any]:
+        return {"name": self.name, "verifier": self.verifier, "params": dict(self.params),
+                "timeout_s": self.timeout_s}
+
+    @classmethod
+    def from_document(cls, data: Mapping[str, Any]) -> ComponentInput:
+        return cls(data["name"], data["verifier"], data.get("params") or {},
+                   data.get("timeout_s"))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInputs:
+    """What a group was scored from, beside its completions: its prompt, reference, the
+    batch's verifier components and whether it was an evaluation batch (rubric dropout).
+    Stored once per distinct content (``digest``)."""
+
+    digest: str
+    prompt: str
+    reference: Mapping[str, Any]
+    components: tuple[ComponentInput, ...]
+    evaluation: bool = False
+
+    def to_document(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "reference": dict(self.reference),
+                "components": [c.to_document() for c in self.components],
+                "evaluation": self.evaluation}
+
+    @classmethod
+    def from_document(cls, digest: str, data: Mapping[str, Any]) -> GroupInputs:
+        return cls(digest, data.get("prompt") or "", data.get("reference") or {},
+                   tuple(ComponentInput.from_document(c) for c in data.get("components") or ()),
+                   bool(data.get("evaluation")))
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutRecord:
     """One scored rollout, as it is written."""
 
@@ -45,6 +88,8 @@ class RolloutRecord:
     zero_advantage: bool | None = None
     """Every advantage of the rollout is 0 (a group without spread under GRPO, say); None
     without advantages."""
+    inputs: GroupInputs | None = None
+    """What its group was scored from, kept with the completion (replay needs both)."""
 
     @property
     def outcome(self) -> RolloutOutcome:

@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from rewardd.service.records.models import OK, Retention, RolloutRecord, Verdict
+from rewardd.service.records.models import (OK, ComponentInput, GroupInputs, Retention,
+                                            RolloutRecord, Verdict)
 from rewardd.service.records.store import RecordStore
 from rewardd.service.records.writer import DropCounter, RecordWriter, WriterHealth
 from rewardd.service.settings import Settings
+from rewardd.verifiers.receipts import digest
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +87,22 @@ class Recorder:
         return sum(store.prune(tenant, retention) for tenant in store.tenants())
 
     def record_batch(self, tenant: str, run_id: str | None, step: int | None,
-                     groups: Sequence[Any], body: Mapping[str, Any]) -> int:
+                     groups: Sequence[Any], body: Mapping[str, Any],
+                     rewards: Sequence[Any] = (), evaluation: bool = False) -> int:
         """Queue one record per rollout of a scored batch (``groups``: the request's, in the
-        order of ``body["groups"]``). Returns how many were accepted (0: not recorded)."""
+        order of ``body["groups"]``; ``rewards``: its reward components, kept with the
+        completions for replay). Returns how many were accepted (0: not recorded)."""
         if not self.enabled or run_id is None:
             return 0
         count = sum(len(group.rollouts) for group in groups)
         size = count * ROLLOUT_OVERHEAD_BYTES + sum(
             len(rollout.completion or "") for group in groups for rollout in group.rollouts)
         now, settings = time.time(), self.settings
+        components = tuple(ComponentInput(spec.name, spec.verifier, spec.params, spec.timeout_s)
+                           for spec in rewards)
         return self.writer().submit_batch(count, lambda: batch_records(
-            tenant, run_id, step, groups, body, settings, now), size, owner=tenant)
+            tenant, run_id, step, groups, body, settings, now, components, evaluation),
+            size, owner=tenant)
 
     def health(self) -> WriterHealth | None:
         """The writer's state (None before anything was recorded)."""
@@ -122,9 +129,11 @@ class TenantRecorder:
     tenant: str
 
     def __call__(self, run_id: str | None, step: int | None, groups: Sequence[Any],
-                 body: Mapping[str, Any]) -> int:
+                 body: Mapping[str, Any], rewards: Sequence[Any] = (),
+                 evaluation: bool = False) -> int:
         try:
-            return self.recorder.record_batch(self.tenant, run_id, step, groups, body)
+            return self.recorder.record_batch(self.tenant, run_id, step, groups, body,
+                                              rewards, evaluation)
         except Exception:
             log.exception("could not record a batch of run %r", run_id)
             dropped = sum(len(group.rollouts) for group in groups)
@@ -134,13 +143,16 @@ class TenantRecorder:
 
 
 def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[Any],
-                  body: Mapping[str, Any], settings: Settings,
-                  now: float) -> list[RolloutRecord]:
+                  body: Mapping[str, Any], settings: Settings, now: float,
+                  components: tuple[ComponentInput, ...] = (),
+                  evaluation: bool = False) -> list[RolloutRecord]:
     """One record per rollout of ``body`` (a scoring response), with the completion kept as
-    REWARDD_RECORD_COMPLETIONS says."""
+    REWARDD_RECORD_COMPLETIONS says, and beside a kept completion its group's inputs (what
+    replay runs again; none without verifier ``components``)."""
     records: list[RolloutRecord] = []
     for group, answered in zip(groups, body.get("groups") or ()):
         source = group.source or group.data_source
+        inputs = _Inputs(group, components, evaluation)
         for rollout, item in zip(group.rollouts, answered["rollouts"]):
             verdicts = tuple(_verdict(name, item["rewards"].get(name), entry)
                              for name, entry in item["status"].items())
@@ -151,7 +163,7 @@ def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[A
                 zero_advantage=_all_zero(item.get("advantages")))
             completion = rollout.completion
             if completion is not None and _keeps_completion(record, settings):
-                record = _with_completion(record, completion)
+                record = _with_completion(record, completion, inputs.get())
             records.append(record)
     return records
 
@@ -207,5 +219,25 @@ def sampled(record: RolloutRecord, rate: float) -> bool:
     return int.from_bytes(digest, "big") < rate * 2.0 ** 64
 
 
-def _with_completion(record: RolloutRecord, completion: str) -> RolloutRecord:
-    return replace(record, completion=completion)
+def _with_completion(record: RolloutRecord, completion: str,
+                     inputs: GroupInputs | None) -> RolloutRecord:
+    return replace(record, completion=completion, inputs=inputs)
+
+
+class _Inputs:
+    """A group's :class:`GroupInputs`, built (and hashed) once, and only if one of its
+    rollouts keeps its completion: without one there is nothing to replay."""
+
+    def __init__(self, group: Any, components: tuple[ComponentInput, ...],
+                 evaluation: bool) -> None:
+        self._group, self._components, self._evaluation = group, components, evaluation
+        self._built: GroupInputs | None = None
+
+    def get(self) -> GroupInputs | None:
+        if not self._components:
+            return None
+        if self._built is None:
+            document = GroupInputs("", self._group.prompt or "", self._group.reference or {},
+                                   self._components, self._evaluation).to_document()
+            self._built = GroupInputs.from_document(digest(document), document)
+        return self._built

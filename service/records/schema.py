@@ -1,9 +1,11 @@
 """The record's tables (SQLAlchemy Core). The migrations in ``migrations/versions`` create
 exactly these; ``tests/unit/test_records_store.py`` fails when the two drift apart.
 
-Why three tables: a run is listed without counting its rollouts (``runs`` keeps its counters),
-and a rollout is filtered by component and outcome with an index rather than by reading JSON
-(``verdicts``: one row per rollout and reward component). What a verdict says in full (its
+Why four tables: a run is listed without counting its rollouts (``runs`` keeps its counters),
+a rollout is filtered by component and outcome with an index rather than by reading JSON
+(``verdicts``: one row per rollout and reward component), and what replay needs of a group
+(its prompt, reference and reward components) is kept once however many rollouts share it
+(``inputs``, keyed by the hash of its content, per tenant). What a verdict says in full (its
 status entry with evidence and receipt) stays one JSON document on the rollout, read as a
 whole and never queried into.
 """
@@ -52,10 +54,21 @@ rollouts = Table(
     Column("completion", Text),
     Column("num_tokens", Integer),
     Column("zero_advantage", Boolean),
+    Column("inputs", String(32)),
     Index("ix_rollouts_run_step", "tenant", "run_id", "step", "id"),
     Index("ix_rollouts_run_source", "tenant", "run_id", "source", "id"),
     Index("ix_rollouts_tenant_recorded", "tenant", "recorded_at"),
+    Index("ix_rollouts_inputs", "tenant", "inputs"),
 )
+
+inputs = Table(
+    "inputs", metadata,
+    Column("tenant", String(TENANT_LENGTH), primary_key=True),
+    Column("digest", String(32), primary_key=True),
+    Column("document", Document, nullable=False),
+)
+"""What a group was scored from (:class:`~rewardd.service.records.models.GroupInputs`), for
+replay: kept only beside rollouts recorded with their completions."""
 
 verdicts = Table(
     "verdicts", metadata,

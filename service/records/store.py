@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -24,10 +25,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
 from rewardd.service.records.migrate import upgrade
-from rewardd.service.records.models import (FAILED, OK, ComponentStep, Retention, RolloutPage,
-                                            RolloutQuery, RolloutRecord, RunSummary,
-                                            StepSummary, StoredRollout, Verdict)
-from rewardd.service.records.schema import rollouts, runs, verdicts
+from rewardd.service.records.models import (FAILED, OK, ComponentStep, GroupInputs, Retention,
+                                            RolloutPage, RolloutQuery, RolloutRecord,
+                                            RunSummary, StepSummary, StoredRollout, Verdict)
+from rewardd.service.records.schema import inputs, rollouts, runs, verdicts
 
 MAX_PAGE = 1000
 CONNECT_TIMEOUT_S = 5
@@ -117,6 +118,12 @@ class RecordStore:
         if not records:
             return
         with self.engine.begin() as connection:
+            kept = {r.inputs.digest: r.inputs for r in records if r.inputs is not None}
+            if kept:
+                connection.execute(self._insert_new(inputs), [
+                    {"tenant": tenant, "digest": digest, "document": kept[digest].to_document()}
+                    for tenant, digest in sorted({(r.tenant, r.inputs.digest) for r in records
+                                                  if r.inputs is not None})])
             ids = connection.execute(
                 insert(rollouts).returning(rollouts.c.id, sort_by_parameter_order=True),
                 [_rollout_row(record) for record in records]).scalars().all()
@@ -127,6 +134,11 @@ class RecordStore:
                 connection.execute(insert(verdicts), rows)
             for values in _run_counters(records):
                 connection.execute(self._upsert_run(values))
+
+    def _insert_new(self, table: Any) -> Any:
+        """An insert that skips rows whose key is already there (content-addressed rows)."""
+        construct = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        return construct(table).on_conflict_do_nothing()
 
     def _upsert_run(self, values: dict[str, Any]) -> Any:
         construct = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
@@ -212,6 +224,44 @@ class RecordStore:
                 .group_by(rollouts.c.step, verdicts.c.component, verdicts.c.outcome)).all()
         return [_step_summary(step, counts, scored) for step in wanted]
 
+    def replay_counts(self, tenant: str, run_id: str,
+                      steps: tuple[int, int] | None = None) -> tuple[int, int]:
+        """(rollouts of the run within ``steps``, those replay can re-score: recorded with
+        their completion and their group's inputs)."""
+        conditions = self._replay_conditions(tenant, run_id, steps)
+        replayable = case((and_(rollouts.c.completion.is_not(None),
+                                rollouts.c.inputs.is_not(None)), 1), else_=0)
+        with self.engine.connect() as connection:
+            total, able = connection.execute(
+                select(func.count(), func.coalesce(func.sum(replayable), 0))
+                .where(*conditions)).one()
+        return int(total), int(able)
+
+    def replayable(self, tenant: str, run_id: str, steps: tuple[int, int] | None = None,
+                   after: int | None = None, limit: int = 500) -> list[StoredRollout]:
+        """A page (in written order, after the id ``after``) of the rollouts replay can
+        re-score, each with its group's inputs."""
+        conditions = self._replay_conditions(tenant, run_id, steps)
+        conditions += [rollouts.c.completion.is_not(None)]
+        if after is not None:
+            conditions.append(rollouts.c.id > after)
+        statement = (select(rollouts, inputs.c.document.label("inputs_document"))
+                     .join(inputs, and_(inputs.c.tenant == rollouts.c.tenant,
+                                        inputs.c.digest == rollouts.c.inputs))
+                     .where(*conditions).order_by(rollouts.c.id).limit(limit))
+        with self.engine.connect() as connection:
+            rows = connection.execute(statement).all()
+        return [StoredRollout(row.id, replace(_record(row), inputs=GroupInputs.from_document(
+            row.inputs, row.inputs_document))) for row in rows]
+
+    @staticmethod
+    def _replay_conditions(tenant: str, run_id: str,
+                           steps: tuple[int, int] | None) -> list[Any]:
+        conditions = [rollouts.c.tenant == tenant, rollouts.c.run_id == run_id]
+        if steps is not None:
+            conditions += [rollouts.c.step >= steps[0], rollouts.c.step <= steps[1]]
+        return conditions
+
     def tenants(self) -> list[str]:
         with self.engine.connect() as connection:
             return list(connection.execute(select(runs.c.tenant).distinct()).scalars())
@@ -245,6 +295,10 @@ class RecordStore:
                                    .values(rollouts=remaining))
                 connection.execute(delete(runs).where(runs.c.tenant == tenant,
                                                       runs.c.rollouts == 0))
+                connection.execute(delete(inputs).where(
+                    inputs.c.tenant == tenant,
+                    ~exists().where(rollouts.c.tenant == inputs.c.tenant,
+                                    rollouts.c.inputs == inputs.c.digest)))
         return deleted
 
 
@@ -258,7 +312,8 @@ def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
                        for v in record.verdicts},
             "summary": dict(record.summary) if record.summary is not None else None,
             "completion": record.completion, "num_tokens": record.num_tokens,
-            "zero_advantage": record.zero_advantage}
+            "zero_advantage": record.zero_advantage,
+            "inputs": record.inputs.digest if record.inputs is not None else None}
 
 
 def _run_counters(records: Iterable[RolloutRecord]) -> list[dict[str, Any]]:

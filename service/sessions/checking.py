@@ -113,7 +113,9 @@ class Checker:
         # within its share, taking their group's waiting checks along (fairness.flow)
         with fairness.flow(job.group.tenant, job.group.session_id,
                            urgent=job.urgent or job.whole, group=group.group_id):
-            results = await pipeline.run_calls(calls, self.pod.runtime.executor)
+            results = await pipeline.run_calls(
+                calls, self.pod.runtime.executor,
+                cache=self.pod.runtime.verdicts.view(job.group.tenant))
         return {r.id: {s.name: results[k].items[i].outcome.to_dict()
                        for k, s in enumerate(specs)} for i, r in enumerate(job.rollouts)}
 

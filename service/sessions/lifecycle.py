@@ -12,6 +12,7 @@ its ``closed`` event, after which the session's keys get ``session_ttl_s``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import time
 from typing import AsyncIterator
@@ -164,8 +165,10 @@ class Lifecycle:
             if closed and spec.run_id is not None:  # the pod whose close applied records it
                 answered, result = closed[0]
                 record_batch = pod.runtime.records.for_tenant(record.tenant)
-                await asyncio.to_thread(record_batch, spec.run_id, spec.step,
-                                        [group_model(group) for group in answered], result)
+                await asyncio.to_thread(functools.partial(
+                    record_batch, spec.run_id, spec.step,
+                    [group_model(group) for group in answered], result,
+                    rewards=spec.rewards, evaluation=spec.evaluation))
         return True
 
     async def end(self, sid: str, state: SessionPhase, reason: str | None) -> None:

@@ -5,33 +5,26 @@ reason and exit status 1."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
-import httpx
 import pytest
 from click.testing import CliRunner
 
 from rewardd.service.cli import main
+from tests.support.recorded import recorded_batch
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
-GUARD_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def recorded(server: str) -> str:
-    run_id = f"cli-{uuid.uuid4().hex[:8]}"
-    body = {"run_id": run_id, "step": 4, "rewards": [{"name": "m", "verifier": "math"}],
-            "groups": [{"group_id": "g", "source": "gsm8k", "reference": {"answer": "4"},
-                        "rollouts": [{"rollout_id": "right", "completion": "\\boxed{4}"},
-                                     {"rollout_id": "wrong", "completion": "\\boxed{5}"}]}]}
-    assert httpx.post(f"{server}/v1/rewards", json=body, timeout=60).status_code == 200
-    deadline = time.monotonic() + GUARD_S
-    while httpx.get(f"{server}/v1/runs/{run_id}", timeout=60).status_code != 200:
-        assert time.monotonic() < deadline, "the run was never recorded"
-        time.sleep(0.1)
-    return run_id
+    return recorded_batch(server, {
+        "run_id": f"cli-{uuid.uuid4().hex[:8]}", "step": 4,
+        "rewards": [{"name": "m", "verifier": "math"}],
+        "groups": [{"group_id": "g", "source": "gsm8k", "reference": {"answer": "4"},
+                    "rollouts": [{"rollout_id": "right", "completion": "\\boxed{4}"},
+                                 {"rollout_id": "wrong", "completion": "\\boxed{5}"}]}]})
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -69,3 +69,26 @@ async def test_the_async_client_reads_the_same_record(server: str) -> None:
             await asyncio.sleep(0.1)
         assert page["rollouts"] == []
         assert (await client.run(run_id, steps=0))["steps"] == []
+
+
+def test_the_client_replays_a_run_and_reads_the_flips(server: str) -> None:
+    run_id = f"replay-{uuid.uuid4().hex[:8]}"
+    body = batch(run_id)
+    body["groups"][0]["rollouts"].append({"rollout_id": "prose",
+                                          "completion": "The answer is 4."})
+    with RewarddClient(server) as client:
+        client.rewards(body)
+        deadline = time.monotonic() + GUARD_S
+        while True:
+            try:
+                if client.run(run_id)["record"]["rollouts"] == 3:
+                    break
+            except NotFound:
+                pass
+            assert time.monotonic() < deadline, "the run was never recorded"
+            time.sleep(0.1)
+        job = client.reverify(run_id, steps=(2, 2), set={"m.extract": "boxed"})
+        result = client.result(job["id"])
+        assert [(f["rollout_id"], f["before"], f["after"]) for f in result["flips"]] == [
+            ("prose", 1.0, 0.0)]
+        assert result["summary"]["rescored"] == 3

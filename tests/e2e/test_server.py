@@ -389,8 +389,8 @@ def metric(samples: dict, name: str, **labels: str) -> float:
 def test_metrics_count_what_happened(server: str) -> None:
     score_200 = {"route": "/v1/score", "method": "POST", "status": "200", "tenant": "default"}
     before = scrape(server)
-    with RewarddClient(server) as client:
-        client.score(example("math_batch.json"))
+    with RewarddClient(server) as client:  # every check runs: the verdict cache bypassed
+        client.score({**example("math_batch.json"), "cache": False})
     middle = scrape(server)
 
     def delta(a: dict, b: dict, name: str, **labels: str) -> float:
@@ -435,6 +435,21 @@ def test_metrics_count_what_happened(server: str) -> None:
                  "rewardd_http_request_duration_seconds_bucket"):
         assert name in names
 
+
+
+def test_the_verdict_cache_answers_a_repeated_batch_and_counts_it(server: str) -> None:
+    before = scrape(server)
+    with RewarddClient(server) as client:  # twice: the second time the cache answers
+        client.score(example("math_batch.json"))
+        answer = client.score(example("math_batch.json"))
+    after = scrape(server)
+    assert answer["diagnostics"]["cache"] == {"hits": 64, "misses": 0}  # math and regex
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("rewardd_verdict_cache_total", verifier="math", result="hit") >= 32
+    assert delta("rewardd_verifier_outcomes_total", verifier="math", outcome="ok") <= 32
 
 # ---- body size limit -----------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ class FlowRecorder(RefusingExecutor):
         return results
 
 
+def uncached() -> dict[str, Any]:
+    """A batch that reaches the executor each time (the verdict cache would answer)."""
+    return {**score_body(), "cache": False}
+
+
 def test_each_request_and_each_job_is_a_flow_of_its_tenant() -> None:
     recorder = FlowRecorder()
     app = keyed_app(recorder)
@@ -46,12 +51,12 @@ def test_each_request_and_each_job_is_a_flow_of_its_tenant() -> None:
     async def main() -> str:
         async with client(app) as http:
             for headers in (ALICE, ALICE, BOB):
-                r = await http.post("/v1/score", json=score_body(), headers=headers)
+                r = await http.post("/v1/score", json=uncached(), headers=headers)
                 assert r.status_code == 200, r.text
             r = await http.post("/v1/verify/exact_match", headers=BOB,
                                 json={"completion": "1", "reference": {"answer": "1"}})
             assert r.status_code == 200, r.text
-            r = await http.post("/v1/jobs", json=score_body(), headers=ALICE)
+            r = await http.post("/v1/jobs", json=uncached(), headers=ALICE)
             assert r.status_code in (200, 201, 202), r.text
             job_id = r.json()["id"]
             assert (await final(http, job_id, ALICE))["state"] == "succeeded"

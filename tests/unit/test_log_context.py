@@ -25,7 +25,8 @@ BODY = {"groups": [{"group_id": "g", "rollouts": [
     {"rollout_id": "a", "completion": "x", "num_tokens": 2},
     {"rollout_id": "b", "completion": "y", "num_tokens": 2}]}],
     "rewards": [{"name": "r", "verifier": "regex", "params": {"pattern": "x"}}],
-    "advantage": {"estimator": "grpo", "output": "none"}}
+    "advantage": {"estimator": "grpo", "output": "none"},
+    "cache": False}  # each request reaches the executor (the verdict cache would answer)
 
 
 class RecordingExecutor(RefusingExecutor):

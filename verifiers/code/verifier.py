@@ -338,6 +338,7 @@ class CodeVerifier(Verifier):
     """
 
     name = "code"
+    deterministic = True
     description = ("Runs the program in the completion (last ```python/```cpp/```javascript "
                    "block, or the whole completion) in a sandbox on the reference's tests "
                    "(stdin/stdout, function calls, or assert-style test code) and returns the "
@@ -370,6 +371,11 @@ class CodeVerifier(Verifier):
     Params = CodeParams
     code_fields = (("test_code",), ("checker", "code"))
     """Reference fields holding code, capped by size at the API (REWARDD_MAX_CODE_FIELD_BYTES)."""
+
+    def cacheable(self, params: Mapping[str, Any]) -> bool:
+        """A program's verdict is the same run after run, unless a wall-clock
+        ``time_budget_s`` may cut its tests short (then it depends on the machine's load)."""
+        return params.get("time_budget_s") is None
 
     def warm_up(self) -> None:
         # Imports only (done above at module import). Starting the sandbox here would make

@@ -117,6 +117,8 @@ class ArenaVerifier(GroupVerifier):
         "anchor": "text the anchor scheme compares against (else reference.answer)"}
     Params = ArenaParams
 
+    judged = True
+
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: ArenaParams, context: GroupContext) -> list[Outcome]:
         anchor = _anchor(reference, params)

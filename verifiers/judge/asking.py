@@ -14,7 +14,7 @@ reply cache would hand it back without asking).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from rewardd.verifiers.base import FailureKind
 from rewardd.verifiers.judge.backend import ChatBackend, ChatReply, ChatRequest, Usage
@@ -23,6 +23,14 @@ from rewardd.verifiers.judge.templates import Unparseable, looks_like_refusal
 T = TypeVar("T")
 
 RETRY_TEMPERATURE = 0.5
+
+
+def repeatable(params: Mapping[str, Any]) -> bool:
+    """True when the same question gets the same verdict, so the verdict cache may answer
+    for a judge with these (effective) params: greedy sampling (temperature 0) or a fixed
+    seed. An unseeded verdict that needed a retry (sampled at :data:`RETRY_TEMPERATURE`) is
+    not kept (:meth:`rewardd.verifiers.receipts.CallStamp.keeps`)."""
+    return params.get("seed") is not None or params.get("temperature", 0.0) == 0.0
 RAW_LIMIT = 500
 """Characters of a judge's answer kept in a failure's detail."""
 

@@ -111,6 +111,8 @@ class ContinuationVerifier(GroupVerifier):
     reference_fields: ClassVar[dict[str, str]] = dict(MathVerifier.reference_fields)
     Params = ContinuationParams
 
+    judged = True
+
     def reference_errors(self, reference: Any, shared: Collection[str] = ()
                          ) -> list[tuple[tuple[str | int, ...], str]]:
         """A missing or empty ``answer`` (other keys are other verifiers' business: ``shared``

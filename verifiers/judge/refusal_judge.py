@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 from pydantic import Field
 
 from rewardd.verifiers.base import FailureKind, GroupContext, GroupVerifier, Outcome, Sample
-from rewardd.verifiers.judge.asking import JudgeFailure, ask_all
+from rewardd.verifiers.judge.asking import repeatable, JudgeFailure, ask_all
 from rewardd.verifiers.judge.backend import ChatRequest
 from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from rewardd.verifiers.judge.templates import Unparseable, as_bool, json_objects, render
@@ -94,6 +94,13 @@ class RefusalJudgeVerifier(ReferenceShaped, GroupVerifier):
     reference_fields: ClassVar[dict[str, str]] = dict(RefusalVerifier.reference_fields)
     Params = RefusalJudgeParams
     Reference = RefusalReference
+
+    judged = True
+
+    def cacheable(self, params: Mapping[str, Any]) -> bool:
+        """Each rollout is graded on its own (the group only batches the judge calls), so
+        a verdict is cached when the judge samples repeatably (:func:`repeatable`)."""
+        return repeatable(params)
 
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: RefusalJudgeParams, context: GroupContext) -> list[Outcome]:

@@ -32,7 +32,7 @@ from pydantic import Field, field_validator, model_validator
 from rewardd.verifiers.base import (FailureKind, GroupContext, InvalidReference, Outcome, Sample,
                             GroupVerifier, VerifierParams)
 from rewardd.verifiers.dropout import rubric_keep_mask
-from rewardd.verifiers.judge.asking import Answer, JudgeFailure, ask_all
+from rewardd.verifiers.judge.asking import repeatable, Answer, JudgeFailure, ask_all
 from rewardd.verifiers.judge.backend import ChatRequest, Usage
 from rewardd.verifiers.judge.config import BackendOverride, JudgeConfigError, resolve_backend
 from rewardd.verifiers.judge.templates import (RUBRIC_MANY, RUBRIC_ONE, RUBRIC_SYSTEM, as_bool,
@@ -123,6 +123,13 @@ class RubricVerifier(GroupVerifier):
     reference_fields: ClassVar[dict[str, str]] = {
         "rubric": "list of {criterion, points} (or in params)"}
     Params = RubricParams
+
+    judged = True
+
+    def cacheable(self, params: Mapping[str, Any]) -> bool:
+        """Each rollout is graded on its own (the group only batches the judge calls), so
+        a verdict is cached when the judge samples repeatably (:func:`repeatable`)."""
+        return repeatable(params)
 
     def verify_group(self, samples: Sequence[Sample], reference: Mapping[str, Any],
                      params: RubricParams, context: GroupContext) -> list[Outcome]:

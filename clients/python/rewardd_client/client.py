@@ -192,6 +192,20 @@ class _Api:
                                      source=source, component=component, outcome=outcome,
                                      q=q, cursor=cursor, limit=limit))
 
+    def reverify(self, run_id: str, *, steps: tuple[int, int] | None = None,
+                 set: dict[str, Any] | None = None,
+                 idempotency_key: str | None = None) -> Any:
+        """POST /v1/runs/{run_id}/reverify: re-score the run's recorded rollouts with
+        today's verifiers, or parameters changed by ``set`` (``{"component.param": value}``),
+        as a job (``{"id", "state", "links"}``); its ``result`` (``result(id)``) lists the
+        ``flips`` with both receipts and a ``summary``."""
+        body: dict[str, Any] = {"set": dict(set or {})}
+        if steps is not None:
+            body["steps"] = list(steps)
+        key = idempotency_key if idempotency_key is not None else uuid.uuid4().hex
+        return self._call("POST", f"/v1/runs/{_segment(run_id)}/reverify", body,
+                          resendable=True, headers={"Idempotency-Key": key})
+
 
 def _segment(value: str) -> str:
     """A path segment: run ids may hold ``/`` and other characters a URL reserves."""
