@@ -340,13 +340,26 @@ def test_pod_disruption_budgets_cover_the_api_and_each_pool() -> None:
                             f"{RELEASE}-rewardd-worker-sandbox"}
 
 
+SECRET_STAND_INS = {"REWARDD_DATABASE_URL": "postgresql://rewardd@db.example:5432/rewardd"}
+"""Values of secret-fed variables whose Secret the chart does not make (else Redis's URL)."""
+
+
 def container_environments(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Literal environment of each rewardd container (secret-fed variables given a stand-in
-    value, Kubernetes' $(VAR) references expanded)."""
+    """Literal environment of each rewardd container (secret-fed variables given the value of
+    the Secret the chart renders, else a stand-in; Kubernetes' $(VAR) references expanded)."""
+    secrets = {(name, key): value for name, secret in of_kind(docs, "Secret").items()
+               for key, value in secret.get("stringData", {}).items()}
     out = {}
     for name, deployment in of_kind(docs, "Deployment").items():
         for container in containers(deployment):
-            env = {e["name"]: e.get("value", "redis://redis.example:6379") for e in container["env"]}
+            env = {}
+            for e in container["env"]:
+                if "value" in e:
+                    env[e["name"]] = e["value"]
+                    continue
+                secret_ref = e["valueFrom"]["secretKeyRef"]
+                stand_in = SECRET_STAND_INS.get(e["name"], "redis://redis.example:6379")
+                env[e["name"]] = secrets.get((secret_ref["name"], secret_ref["key"]), stand_in)
             for key, value in env.items():
                 for ref, sub in env.items():
                     value = value.replace(f"$({ref})", sub)
@@ -363,6 +376,7 @@ def test_every_rewardd_variable_the_chart_sets_is_a_valid_setting(
     key file (mounted from a Secret in the pod) is read when settings load, so a file with
     a valid key ring stands in for the Secret at the path the chart names."""
     from rewardd.service.environment import load_settings
+    from rewardd.service.records.store import database_url
 
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps({"tenants": {"team": {"keys": ["k" * 32]}}}))
@@ -376,6 +390,9 @@ def test_every_rewardd_variable_the_chart_sets_is_a_valid_setting(
             monkeypatch.setenv(key, value)
         settings = load_settings()
         assert settings.broker_url and settings.broker_url.startswith("redis://"), name
+        if settings.database_url:  # the record's engine takes it (connects on first use)
+            assert "-worker-" not in name
+            assert database_url(settings.database_url).drivername == "postgresql+psycopg"
         if "-worker-" in name:
             assert settings.worker_queue_names == [name.rsplit("-", 1)[1]]
 

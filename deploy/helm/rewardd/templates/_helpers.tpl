@@ -85,6 +85,40 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The run record's database (REWARDD_DATABASE_URL of the API pods) */}}
+{{- define "rewardd.postgresqlName" -}}
+{{- printf "%s-postgresql" (include "rewardd.fullname" .) -}}
+{{- end -}}
+
+{{/* the Secret holding the database URL under database.urlKey, or empty (SQLite per pod);
+fails when more than one source is set */}}
+{{- define "rewardd.databaseSecretName" -}}
+{{- $d := .Values.database -}}
+{{- if gt (len (compact (list $d.url $d.existingSecret (ternary "in-chart" "" $d.postgresql.enabled)))) 1 -}}
+{{- fail "database: set one of database.url, database.existingSecret (your PostgreSQL) or database.postgresql.enabled (an in-chart PostgreSQL for trials), not several" -}}
+{{- end -}}
+{{- if $d.existingSecret -}}
+{{- $d.existingSecret -}}
+{{- else if $d.url -}}
+{{- printf "%s-database-url" (include "rewardd.fullname" .) -}}
+{{- else if $d.postgresql.enabled -}}
+{{- include "rewardd.postgresqlName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* the in-chart PostgreSQL's password: given, else the one its Secret already holds (an
+upgrade must not change it: the server keeps the password it was initialised with), else new */}}
+{{- define "rewardd.postgresqlPassword" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "rewardd.postgresqlName" .) -}}
+{{- if .Values.database.postgresql.password -}}
+{{- .Values.database.postgresql.password -}}
+{{- else if and $existing $existing.data (hasKey $existing.data "password") -}}
+{{- index $existing.data "password" | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 32 -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 Environment of every rewardd container: Redis URLs (REWARDD_BROKER_URL for queues and
 results, REWARDD_STATE_URL for the API's shared state) and the shared settings.
