@@ -2,15 +2,18 @@
 /v1/runs/{run_id}/rollouts), below the HTTP edge so gRPC and the CLI can share it: the run
 record's queries (blocking, run in a thread) turned into typed bodies. A record that cannot
 be opened is :class:`~rewardd.service.errors.Unavailable` (503 with the reason), never an
-empty answer that would read as "no runs".
+empty answer that would read as "no runs". A tenant runs at most
+REWARDD_TENANT_MAX_RECORD_QUERIES queries at once per process (429 beyond).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from fastapi.concurrency import run_in_threadpool
 
+from rewardd.service.budgets import Bound, TenantBudgets
 from rewardd.service.errors import NotFound, Unavailable
 from rewardd.service.records.models import RolloutQuery, RunSummary, StoredRollout
 from rewardd.service.records.recorder import Recorder
@@ -31,21 +34,37 @@ about 0.8 s in PostgreSQL, 20 a fifth of that)."""
 class RunRecords:
     """One tenant's view of the run record and run state."""
 
-    def __init__(self, recorder: Recorder, runs: RunStore, tenant: str) -> None:
+    def __init__(self, recorder: Recorder, runs: RunStore, tenant: str,
+                 budgets: TenantBudgets, max_queries: int) -> None:
         self.recorder = recorder
         self.runs = runs
         self.tenant = tenant
+        self.budgets = budgets
+        self.bound = Bound("run record queries", max_queries,
+                           "REWARDD_TENANT_MAX_RECORD_QUERIES")
 
     @classmethod
     def of(cls, services: Services, tenant: str) -> RunRecords:
-        return cls(services.records, services.runs.for_tenant(tenant), tenant)
+        return cls(services.records, services.runs.for_tenant(tenant), tenant,
+                   services.runtime.budgets, services.settings.tenant_max_record_queries)
+
+    @contextlib.contextmanager
+    def _query(self) -> Iterator[None]:
+        """One of the tenant's record queries: refused (429) past its bound."""
+        with self.budgets.hold(self.tenant, self.bound):
+            yield
 
     async def list(self, limit: int) -> RunList:
         store = await self.store()
-        found = await run_in_threadpool(store.runs, self.tenant, limit)
+        with self._query():
+            found = await run_in_threadpool(store.runs, self.tenant, limit)
         return RunList(runs=[_run_info(run) for run in found])
 
     async def view(self, run_id: str, steps: int) -> RunView:
+        with self._query():
+            return await self._view(run_id, steps)
+
+    async def _view(self, run_id: str, steps: int) -> RunView:
         state = await run_in_threadpool(self.runs.view, run_id)
         record, summaries = None, []
         if self.recorder.enabled:
@@ -70,9 +89,10 @@ class RunRecords:
 
     async def rollouts(self, run_id: str, query: RolloutQuery) -> RolloutPageBody:
         store = await self.store()
-        if await run_in_threadpool(store.run, self.tenant, run_id) is None:
-            raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
-        page = await run_in_threadpool(store.rollouts, self.tenant, run_id, query)
+        with self._query():
+            if await run_in_threadpool(store.run, self.tenant, run_id) is None:
+                raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
+            page = await run_in_threadpool(store.rollouts, self.tenant, run_id, query)
         return RolloutPageBody(rollouts=[_rollout_info(item) for item in page.items],
                                next_cursor=str(page.next_cursor)
                                if page.next_cursor is not None else None)

@@ -162,6 +162,11 @@ class Settings(WorkerSettings):
         "wait_s > 0, POST /v1/sessions/{id}/close waiting for its batch) one tenant may "
         "hold at once on one API process; beyond it: 429 with Retry-After. Bounds the "
         "requests one tenant can park on a process.")
+    tenant_max_record_queries: int = Field(
+        4, ge=1, description="Queries of the run record (GET /v1/runs...) one tenant may have "
+        "running at once per API process; more are refused with 429 and Retry-After: a "
+        "tenant's summaries of a long run (about a second each) must not hold every "
+        "database connection and thread the others need.")
 
     # ---- answer sizes and per-request counts (issue 28: limits) ----
     max_dense_tokens: int = Field(

@@ -171,6 +171,12 @@ class Verifier:
         sample alone. Judges and verifiers whose params bring in the clock say otherwise."""
         return self.deterministic and not self.group_level
 
+    def repeatable(self, outcome: Outcome) -> bool:
+        """True when ``outcome`` (a success of a :meth:`cacheable` call) would come out the
+        same again: the cache keeps only those. A verifier whose verdict the clock can
+        decide (a test that timed out) says no for such an outcome."""
+        return True
+
     group_level: ClassVar[bool] = False
     """True for a verifier that must see a whole group at once (an arena compares the
     group's rollouts with each other) or that works much faster on a batch (a judge or a

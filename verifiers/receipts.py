@@ -19,7 +19,7 @@ Hand-written because it is a few lines over :mod:`hashlib` and :mod:`orjson`.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import orjson
@@ -75,6 +75,8 @@ class CallStamp:
     context_hash: str | None
     judge: Mapping[str, Any] | None
     cacheable: bool
+    verifier_impl: Verifier | None = field(default=None, compare=False, repr=False)
+    """The verifier itself, asked whether an outcome is repeatable (not part of a receipt)."""
 
     @classmethod
     def of(cls, verifier: Verifier, params: Mapping[str, Any], reference: Mapping[str, Any],
@@ -85,7 +87,7 @@ class CallStamp:
             judge = {key: effective.get(key) for key in JUDGE_PARAMS}
         return cls(verifier.name, verifier.revision, digest(effective), digest(reference),
                    digest(context) if context is not None else None, judge,
-                   verifier.cacheable(effective))
+                   verifier.cacheable(effective), verifier)
 
     def receipt(self, sample: Sample, outcome: Outcome,
                 completion_hash: str | None = None) -> dict[str, Any]:
@@ -106,9 +108,12 @@ class CallStamp:
 
     def keeps(self, outcome: Outcome) -> bool:
         """True when the cache may keep ``outcome``: a success (a timeout or an unavailable
-        sandbox is about that moment, not the completion), and for an unseeded judge one
+        sandbox is about that moment, not the completion) its verifier calls repeatable
+        (:meth:`~rewardd.verifiers.base.Verifier.repeatable`), and for an unseeded judge one
         decided without a retry (retries sample at a higher temperature)."""
         if not outcome.ok:
+            return False
+        if self.verifier_impl is not None and not self.verifier_impl.repeatable(outcome):
             return False
         if self.judge is None or self.judge.get("seed") is not None:
             return True

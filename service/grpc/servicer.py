@@ -30,7 +30,7 @@ from rewardd.service.grpc import rewardd_pb2_grpc as pb_grpc
 from rewardd.service.grpc.errors import abort_with, status_of
 from rewardd.service.holds import StreamHold
 from rewardd.service.jobs.service import IDEMPOTENCY_KEY_MAX, JobProgressTick
-from rewardd.service.jobs.store import FINAL, Job
+from rewardd.service.jobs.store import FINAL, SCORE, Job
 from rewardd.service.models import (AdvantagesRequest, RewardsRequest, ScoreRequest,
                                     VerifyRequest)
 from rewardd.service.records.store import MAX_PAGE
@@ -196,7 +196,7 @@ class RewarddServicer(pb_grpc.RewarddServicer):
             job = await jobs.own(tenant, request.id)
             out = convert.message_of(pb.JobStatus, job.view())
             raw = await jobs.result(job)
-            if raw is not None:
+            if raw is not None and job.kind == SCORE:  # a reverify job's result: over REST
                 result = await asyncio.to_thread(
                     lambda: convert.score_response(orjson.loads(raw)))
                 out.result.CopyFrom(result)

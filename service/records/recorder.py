@@ -104,6 +104,11 @@ class Recorder:
             tenant, run_id, step, groups, body, settings, now, components, evaluation),
             size, owner=tenant)
 
+    def count_dropped(self, reason: str, rollouts: int) -> None:
+        """Count ``rollouts`` the record could not keep (``rewardd_records_dropped_total``)."""
+        if self._count_dropped is not None:
+            self._count_dropped(reason, rollouts)
+
     def health(self) -> WriterHealth | None:
         """The writer's state (None before anything was recorded)."""
         writer = self._writer
@@ -136,9 +141,7 @@ class TenantRecorder:
                                               rewards, evaluation)
         except Exception:
             log.exception("could not record a batch of run %r", run_id)
-            dropped = sum(len(group.rollouts) for group in groups)
-            if self.recorder._count_dropped is not None:
-                self.recorder._count_dropped("error", dropped)
+            self.recorder.count_dropped("error", sum(len(group.rollouts) for group in groups))
             return 0
 
 

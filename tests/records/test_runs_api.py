@@ -227,3 +227,38 @@ def test_a_job_with_a_run_id_is_recorded_too(tmp_path: Path) -> None:
         flush(app)
         view = http.get("/v1/runs/via-job").json()
         assert view["record"]["rollouts"] == 6 and view["record"]["last_step"] == 7
+
+
+async def test_a_tenant_runs_a_bounded_number_of_record_queries_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REWARDD_TENANT_MAX_RECORD_QUERIES: a tenant past its bound is refused with 429 naming
+    the setting while its queries run; another tenant's query is served meanwhile, and the
+    first tenant is served again once its query ended."""
+    import asyncio
+    import threading
+
+    from rewardd.service.records.store import RecordStore
+
+    app = recorded_app(tmp_path, api_keys=KEYS, tenant_max_record_queries=1)
+    release, entered = threading.Event(), threading.Event()
+    real_runs = RecordStore.runs
+
+    def slow_runs(self: RecordStore, tenant: str, limit: int = 100) -> Any:
+        if tenant == "alice" and not release.is_set():
+            entered.set()
+            assert release.wait(FLUSH_S)
+        return real_runs(self, tenant, limit)
+
+    monkeypatch.setattr(RecordStore, "runs", slow_runs)
+    async with client(app) as http:
+        assert (await http.post("/v1/score", json=score_body(), headers=ALICE)).status_code == 200
+        flush(app)
+        held = asyncio.create_task(http.get("/v1/runs", headers=ALICE))
+        assert await asyncio.to_thread(entered.wait, FLUSH_S)
+        refused = await http.get("/v1/runs/run-1/rollouts", headers=ALICE)
+        assert refused.status_code == 429 and "Retry-After" in refused.headers
+        assert "REWARDD_TENANT_MAX_RECORD_QUERIES" in refused.json()["detail"]
+        assert (await http.get("/v1/runs", headers=BOB)).status_code == 200
+        release.set()
+        assert (await held).status_code == 200
+        assert (await http.get("/v1/runs/run-1/rollouts", headers=ALICE)).status_code == 200

@@ -152,3 +152,39 @@ def test_step_summaries_count_rollouts_failures_and_reward_spread(store: RecordS
     assert (steps[2].mean_length, steps[2].zero_advantage_fraction) == (None, None)
     assert [s.step for s in store.steps("acme", "run-1", last=1)] == [2]
     assert store.steps("acme", "nope") == []
+
+
+def test_group_inputs_are_kept_once_read_back_for_replay_and_pruned_with_their_rollouts(
+        store: RecordStore) -> None:
+    from dataclasses import replace
+
+    from sqlalchemy import func, select
+
+    from rewardd.service.records.models import ComponentInput, GroupInputs
+    from rewardd.service.records.schema import inputs
+
+    shared = GroupInputs("d" * 32, "What is 2+2?", {"answer": "4"},
+                         (ComponentInput("math", "math", {"mode": "strict"}, 5.0),), True)
+    other = replace(shared, digest="e" * 32, reference={"answer": "5"})
+    store.write([replace(rollout(index=i, at=100.0 + i), inputs=shared) for i in range(3)]
+                + [replace(rollout(index=3, at=5000.0), inputs=other),
+                   rollout(index=4, at=5000.0, completion=None)])
+    store.write([replace(rollout(index=5, at=5001.0), inputs=shared)])  # a second batch
+
+    def stored_inputs() -> int:
+        with store.engine.connect() as connection:
+            return connection.execute(select(func.count()).select_from(inputs)).scalar()
+
+    assert stored_inputs() == 2  # one row per distinct content, however many rollouts
+    assert store.replay_counts("acme", "run-1") == (6, 5)  # r4 has neither
+    replayable = store.replayable("acme", "run-1", limit=10)
+    assert [s.record.rollout_id for s in replayable] == ["r0", "r1", "r2", "r3", "r5"]
+    assert replayable[0].record.inputs == shared and replayable[3].record.inputs == other
+    assert [s.record.rollout_id for s in store.replayable("acme", "run-1", after=replayable[1].id,
+                                                          limit=2)] == ["r2", "r3"]
+    assert store.replay_counts("acme", "run-1", (1, 3)) == (0, 0)
+    assert store.replayable("beta", "run-1") == []  # another tenant's record is its own
+    store.prune("acme", Retention(max_age_s=1000.0), now=5500.0)  # r0-r2 go; r5 keeps shared
+    assert stored_inputs() == 2
+    store.prune("acme", Retention(max_rollouts=1))  # only r5 stays: `other` goes
+    assert stored_inputs() == 1

@@ -86,6 +86,12 @@ def by_id(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {g["group_id"]: g for g in groups}
 
 
+def without_diagnostics(answer: dict[str, Any]) -> dict[str, Any]:
+    """A /v1/score answer without ``diagnostics`` (how that request was answered: what the
+    verdict cache saved it), which a session's close does not carry."""
+    return {k: v for k, v in answer.items() if k != "diagnostics"}
+
+
 def score_groups(group: dict[str, Any]) -> dict[str, Any]:
     """A group object without the session's additions (for comparing with /v1/score)."""
     return {k: v for k, v in group.items()

@@ -29,7 +29,8 @@ from rewardd.service.app import create_app
 from rewardd.workers.distributed import CeleryExecutor
 from rewardd.workers.executor import CallDoneCallback, CallResult, ProgressCallback, VerifyCall
 from tests.integration.conftest import Worker, WorkerFleet, make_settings, worker_env
-from tests.sessions.support import ECHO, groups_of, rollout, score_groups, spec
+from tests.sessions.support import (ECHO, groups_of, rollout, score_groups, spec,
+                                    without_diagnostics)
 from tests.sessions.test_shared import events_of
 
 URL = "redis://127.0.0.1:6379/4"  # this module's database; no other test uses it
@@ -157,7 +158,7 @@ async def score(http: httpx.AsyncClient, groups: list[dict[str, Any]],
     response = await http.post("/v1/score", json={"groups": groups, "rewards": [ECHO],
                                                   "advantage": advantage})
     assert response.status_code == 200, response.text
-    return response.json()
+    return without_diagnostics(response.json())
 
 
 async def wait_group(http: httpx.AsyncClient, sid: str, gid: str) -> dict[str, Any]:

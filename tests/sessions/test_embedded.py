@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.sessions.support import (Stream, by_id, groups_of, read_events, rollout,
-                                    score_groups, spec)
+                                    score_groups, spec, without_diagnostics)
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ def score(http: httpx.Client, groups: list[dict[str, Any]], advantage: dict[str,
     response = http.post("/v1/score", json={"groups": groups, "advantage": advantage,
                                             "rewards": spec(1)["rewards"]})
     assert response.status_code == 200, response.text
-    return response.json()
+    return without_diagnostics(response.json())
 
 
 def test_out_of_order_groups_stream_final_advantages_equal_to_score(http: httpx.Client,

@@ -21,7 +21,8 @@ from rewardd.service.settings import Settings
 from rewardd.verifiers.base import Outcome
 from rewardd.workers.executor import (CallDoneCallback, CallResult, ItemResult,
                                       ProgressCallback, VerifyCall)
-from tests.sessions.support import ECHO, groups_of, rollout, score_groups, spec
+from tests.sessions.support import (ECHO, groups_of, rollout, score_groups, spec,
+                                    without_diagnostics)
 from tests.support.executors import RefusingExecutor
 
 URL = "redis://127.0.0.1:6379/6"
@@ -102,8 +103,8 @@ async def test_two_pods_share_a_session() -> None:
         events = await events_of(one, sid)
         assert [kind for _, kind, _ in events] == ["group"] * 3 + ["closed"]
         assert [kind for _, kind, _ in await events_of(two, sid, "3")] == ["closed"]
-        expected = (await one.post("/v1/score", json={
-            "groups": groups, "rewards": [ECHO], "advantage": spec(2)["advantage"]})).json()
+        expected = without_diagnostics((await one.post("/v1/score", json={
+            "groups": groups, "rewards": [ECHO], "advantage": spec(2)["advantage"]})).json())
         assert closed["result"] == expected
         published = {data["group_id"]: data for _, kind, data in events if kind == "group"}
         for group in expected["groups"]:

@@ -84,6 +84,15 @@ def test_what_the_cache_may_keep():
     assert not greedy.keeps(retried)  # the retry sampled at a higher temperature
     seeded = CallStamp.of(REGISTRY["rubric"], {"temperature": 0.7, "seed": 1}, {})
     assert seeded.cache_key(Sample("x"), "h") is not None and seeded.keeps(retried)
+    code = CallStamp.of(REGISTRY["code"], {}, {"tests": {"inputs": ["1"], "outputs": ["1"]}})
+    assert code.keeps(Outcome.success(0.5, tests=[{"verdict": "passed"},
+                                                  {"verdict": "wrong_answer"}]))
+    assert not code.keeps(Outcome.success(0.5, tests=[{"verdict": "passed"},
+                                                      {"verdict": "timeout"}]))  # the clock
+    assert not code.keeps(Outcome.success(0.5, time_budget_spent=True,
+                                          tests=[{"verdict": "passed"}, {"verdict": "not_run"}]))
+    assert code.keeps(Outcome.success(0.0, tests=[{"verdict": "wrong_answer"},
+                                                  {"verdict": "not_run"}]))  # all_or_nothing
     arena = CallStamp.of(REGISTRY["arena"], {}, {})
     assert arena.cache_key(Sample("x"), "h") is None  # a verdict about the whole group
 

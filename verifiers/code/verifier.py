@@ -321,7 +321,8 @@ class CodeVerifier(Verifier):
     Isolation`), ``code_from`` (``fenced_block`` or
     ``whole``; ``fence_closed: false`` for an unclosed final fence), ``language``, ``style``
     (``stdio``, ``call`` or ``assert``), ``passed``, ``total`` (``tests_in_reference`` when
-    ``max_tests`` cut it), assert-style ``lifted``/``script``/``script_asserts``, and
+    ``max_tests`` cut it), ``time_budget_spent: true`` when ``time_budget_s`` ran out (the
+    tests left are ``not_run``), assert-style ``lifted``/``script``/``script_asserts``, and
     ``judged_by`` (``checker (python|cpp)`` when the reference has one), and
     ``tests``: one verdict per test (``passed``, ``partial`` with its ``score`` (a
     checker's partial credit), ``wrong_answer``, ``runtime_error``,
@@ -372,10 +373,16 @@ class CodeVerifier(Verifier):
     code_fields = (("test_code",), ("checker", "code"))
     """Reference fields holding code, capped by size at the API (REWARDD_MAX_CODE_FIELD_BYTES)."""
 
-    def cacheable(self, params: Mapping[str, Any]) -> bool:
-        """A program's verdict is the same run after run, unless a wall-clock
-        ``time_budget_s`` may cut its tests short (then it depends on the machine's load)."""
-        return params.get("time_budget_s") is None
+    def repeatable(self, outcome: Outcome) -> bool:
+        """A program's verdict is the same run after run unless the clock decided part of
+        it: a test that timed out, or tests not run because ``time_budget_s`` ran out
+        (``detail.time_budget_spent``; both depend on the machine's load): such a verdict is
+        not cached."""
+        if outcome.detail.get("time_budget_spent"):
+            return False
+        tests = outcome.detail.get("tests")
+        return not (isinstance(tests, list) and any(
+            isinstance(t, dict) and t.get("verdict") == "timeout" for t in tests))
 
     def warm_up(self) -> None:
         # Imports only (done above at module import). Starting the sandbox here would make
@@ -428,6 +435,7 @@ class CodeVerifier(Verifier):
                 return False  # every test would fail the same way
             if params.time_budget_s is not None \
                     and time.monotonic() - started > params.time_budget_s:
+                detail["time_budget_spent"] = True  # the tests left are not_run
                 return False
             return params.reward == "fraction" or verdict["verdict"] in ("passed", "checking")
 
