@@ -15,6 +15,10 @@ nothing of how fast scoring is. ``warmup_s`` is that; ``rollouts_per_s`` is roll
 ``scoring_s``, measured from the moment every worker answered a ping (and the bar starts)
 to the last result. ``load_s`` (reading and validating) and ``elapsed_s`` (the whole
 command) complete the account.
+
+A request that names a ``run_id`` is recorded into the local run record, the one
+``rewardd serve`` writes and ``GET /v1/runs`` reads (REWARDD_DATA_DIR's SQLite file or
+REWARDD_DATABASE_URL; REWARDD_RECORD_RUNS, ``--no-record`` to skip): :class:`OfflineRecord`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 import torch
@@ -34,8 +38,10 @@ from tqdm import tqdm
 
 from rewardd.service import pipeline
 from rewardd.service.models import AdvantagesRequest, ScoreRequest
+from rewardd.service.records.recorder import Recorder
 from rewardd.service.runstate import MemoryRunStore
 from rewardd.service.settings import Settings
+from rewardd.service.tenancy import DEFAULT_TENANT
 from rewardd.advantages.checks import pydantic_errors, validate_advantages
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.service.validation import size_limits, validate_score
@@ -133,8 +139,61 @@ class Clock:
                 "elapsed_s": round(self.written - self.started, 3)}
 
 
+RECORD_FLUSH_S = 120.0
+"""How long the command waits for the record's writer (before a job's rollouts are queued,
+and at the end) while the database is slow or down; what is still queued after that at the
+end is dropped, and the summary says how many."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordReport:
+    """What became of the rollouts a command recorded (the summary's ``record``)."""
+
+    written: int
+    dropped: int
+    last_error: str | None
+
+
+class OfflineRecord:
+    """The run record of one command: the server's :class:`Recorder` (same settings, same
+    database), paced so that nothing is dropped while the database is slower than scoring.
+
+    A server must never wait for its record; a command has no trainer waiting, and a
+    dropped rollout would simply be missing from the record. So each job's rollouts are
+    queued once the previous job's are written (scoring the next job overlaps that write),
+    one tenant's share of the queue is the whole queue (there is one tenant), and
+    :meth:`close` waits for the last job's before the command exits. Once a wait times out
+    (the database is down) the jobs stop waiting: each would wait as long again, and the
+    queue's bounds apply as on a server (the summary counts what was dropped)."""
+
+    def __init__(self, settings: Settings, tenant: str = DEFAULT_TENANT) -> None:
+        whole_queue = settings.model_copy(update={"record_tenant_queue": settings.record_queue})
+        self.recorder = Recorder(whole_queue)
+        self._record = self.recorder.for_tenant(tenant)
+        self._paced = True
+
+    def __call__(self, run_id: str | None, step: int | None, groups: Sequence[Any],
+                 body: Mapping[str, Any]) -> int:
+        """:data:`pipeline.BatchRecorder`, in the thread that built the response."""
+        if self._paced and self.recorder.health() is not None:  # the previous job's first
+            self._paced = self.recorder.writer().flush(RECORD_FLUSH_S)
+        return self._record(run_id, step, groups, body)
+
+    def close(self) -> RecordReport | None:
+        """Write what is queued (up to :data:`RECORD_FLUSH_S`), then release the database;
+        None when nothing was recorded."""
+        if self.recorder.health() is None:
+            self.recorder.close()
+            return None
+        self.recorder.writer().flush(RECORD_FLUSH_S)
+        health = self.recorder.health()
+        assert health is not None
+        self.recorder.close(timeout_s=0)  # what is still queued is dropped, counted below
+        return RecordReport(health.written, health.dropped + health.queued, health.last_error)
+
+
 async def _run(jobs: list[Job], settings: Settings, disable: bool | None,
-               clock: Clock) -> list[dict[str, Any]]:
+               clock: Clock, record: OfflineRecord | None = None) -> list[dict[str, Any]]:
     """Start the pool and wait for every worker (warm-up), then score every job with the bar
     running (``disable`` as tqdm takes it), noting both moments on ``clock``."""
     from rewardd.workers.embedded import EmbeddedExecutor
@@ -153,7 +212,7 @@ async def _run(jobs: list[Job], settings: Settings, disable: bool | None,
                 if isinstance(job.request, ScoreRequest):
                     results.append(await pipeline.score(
                         job.request, executor, settings, runs=runs,
-                        on_group=_count_rollouts(bar, job.request)))
+                        on_group=_count_rollouts(bar, job.request), record=record))
                 else:
                     results.append(pipeline.advantages(job.request, runs, settings))
                     bar.update(sum(len(g.rollouts) for g in job.request.groups))
@@ -182,12 +241,15 @@ def _import_plugins(modules: list[str]) -> None:
 
 def run_file(source: Path, output: Path, spec_path: Path | None, batch_size: int,
              settings: Settings, progress: bool | None = None,
-             started: float | None = None) -> dict[str, Any]:
+             started: float | None = None, record: bool = True,
+             tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
     """Score ``source`` into ``output``; return the summary over all batches.
 
     ``progress``: True draws the bar, False never, None only when stderr is a terminal.
     ``started``: the perf_counter reading when the command began (before its imports), so
-    the imports count as warm-up; defaults to now.
+    the imports count as warm-up; defaults to now. ``record``: requests naming a ``run_id``
+    are recorded under ``tenant`` (and REWARDD_RECORD_RUNS); the record is written before
+    this returns.
     """
     clock = Clock(time.perf_counter() if started is None else started)
     torch.set_num_threads(settings.torch_threads)
@@ -195,18 +257,23 @@ def run_file(source: Path, output: Path, spec_path: Path | None, batch_size: int
     clock.imported = time.perf_counter()
     jobs = load(source, spec_path, batch_size, settings)
     clock.loaded = time.perf_counter()
-    results = asyncio.run(_run(jobs, settings, None if progress is None else not progress,
-                               clock))
+    recording = OfflineRecord(settings, tenant) if record and settings.record_runs else None
+    try:
+        results = asyncio.run(_run(jobs, settings, None if progress is None else not progress,
+                                   clock, recording))
+    finally:
+        report = recording.close() if recording is not None else None
     with output.open("wb") as handle:
         for result in results:
             records = result["groups"] if spec_path is not None else [result]
             for record in records:
                 handle.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     clock.written = time.perf_counter()
-    return summarise(results, clock)
+    return summarise(results, clock, report)
 
 
-def summarise(results: list[dict[str, Any]], clock: Clock) -> dict[str, Any]:
+def summarise(results: list[dict[str, Any]], clock: Clock,
+              record: RecordReport | None = None) -> dict[str, Any]:
     sums = {k: sum(r["summary"][k] for r in results)
             for k in ("rollouts", "groups", "failed_cells", "excluded_rollouts",
                       "zero_spread_groups", "singleton_groups")}
@@ -223,4 +290,7 @@ def summarise(results: list[dict[str, Any]], clock: Clock) -> dict[str, Any]:
                                         if zero else None),
             **timings,
             "rollouts_per_s": (round(sums["rollouts"] / timings["scoring_s"], 1)
-                               if timings["scoring_s"] else None)}
+                               if timings["scoring_s"] else None),
+            "record": (None if record is None else
+                       {"written": record.written, "dropped": record.dropped,
+                        "last_error": record.last_error})}

@@ -23,6 +23,7 @@ from rewardd.service.environment import ConfigError, load_settings
 from rewardd.service.reverify_cli import reverify
 from rewardd.service.runs_cli import runs
 from rewardd.service.settings import Settings, get_settings
+from rewardd.service.tenancy import DEFAULT_TENANT
 
 
 def settings_options(*names: str) -> Callable[[Callable], Callable]:
@@ -134,28 +135,42 @@ def worker(**flags: Any) -> None:
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar of rollouts scored. [default: only when stderr is a "
                    "terminal]")
-@settings_options("pool_size", "verifier_timeout_s", "plugins", "torch_threads")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="Record the rollouts of requests that name a run_id into the local run "
+                   "record (REWARDD_DATA_DIR / REWARDD_DATABASE_URL), as the server does.")
+@click.option("--tenant", default=DEFAULT_TENANT, show_default=True,
+              help="The tenant they are recorded under (`default`: a server without API "
+                   "keys).")
+@settings_options("pool_size", "verifier_timeout_s", "plugins", "torch_threads", "data_dir",
+                  "database_url")
 def score(source: Path, output: Path, spec: Path | None, batch_size: int,
-          progress: bool | None, **flags: Any) -> None:
+          progress: bool | None, record: bool, tenant: str, **flags: Any) -> None:
     """Score SOURCE offline through the same pipeline as POST /v1/score.
 
     Without --spec every line is a full request (a /v1/score body, or a /v1/advantages body
     when it has no "rewards"), and every output line is its response. With --spec every line
     is one group, and every output line is that group's result.
 
+    A /v1/score body (or spec) naming a run_id is recorded into the run record that
+    `rewardd serve` reads (GET /v1/runs, `rewardd runs`), written before the command exits.
+
     The summary (on stderr) tells warm-up (imports, pool start) from scoring: rollouts_per_s
-    is over scoring_s only.
+    is over scoring_s only; `record` says how many rollouts were recorded and dropped.
     """
     started = time.perf_counter()  # before the imports: they are warm-up
     from rewardd.service.batch import BatchInvalid, run_file
 
     settings = settings_from(flags)
     try:
-        summary = run_file(source, output, spec, batch_size, settings, progress, started)
+        summary = run_file(source, output, spec, batch_size, settings, progress, started,
+                           record, tenant)
     except BatchInvalid as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
     click.echo(json.dumps(summary, indent=2), err=True)
+    if summary["record"] is not None and summary["record"]["dropped"]:
+        click.echo(f"rewardd score: {summary['record']['dropped']} rollouts could not be "
+                   f"recorded ({summary['record']['last_error']})", err=True)
 
 
 @main.command()

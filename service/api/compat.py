@@ -4,19 +4,22 @@
 Each route reads the trainer's body, hands its samples to :mod:`rewardd.service.compat`
 and writes the trainer's answer; API keys and tenant slots apply as on /v1 (a trainer sends
 ``Authorization: Bearer <key>`` through its client's headers or a proxy). No /v1 prefix:
-the trainers post to the URL they are given, and these paths are theirs.
+the trainers post to the URL they are given, and these paths are theirs. The run a request's
+samples are recorded under is in that URL's query (``?run_id=&step=``, see
+:mod:`rewardd.service.compat.recording`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 from starlette.types import Scope
 
+from rewardd.advantages.models import Name
 from rewardd.service import heavy
 from rewardd.service.api.bodies import BUSY_RESPONSE, body, responses
 from rewardd.service.api.deps import AUTH_RESPONSES, current_tenant
@@ -27,6 +30,7 @@ from rewardd.service.compat.protocols import (NemoGymRequest, NemoGymResponse,
                                               SlimeResponse, nemo_gym_answer,
                                               nemo_gym_samples, openrlhf_answer,
                                               openrlhf_samples, slime_answer, slime_samples)
+from rewardd.service.compat.recording import NamedRun
 from rewardd.service.compat.samples import SampleIn
 from rewardd.service.models import ErrorResponse
 from rewardd.service.services import ServicesDep, of_app
@@ -42,6 +46,21 @@ ERRORS: dict[int | str, dict[str, Any]] = {
           "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
     504: {"model": ErrorResponse, "description": "Group mode with on_timeout fail: the "
           "sample's group was not complete within group.timeout_s."}}
+
+
+def named_run(services: ServicesDep,
+              run_id: Annotated[Name | None, Query(
+                  description="The run the request's samples are recorded under (put it in "
+                  "the URL the trainer posts to); unset: REWARDD_COMPAT_CONFIG's run_id, "
+                  "else not recorded.")] = None,
+              step: Annotated[int | None, Query(
+                  ge=0, description="The training step they are recorded under.")] = None
+              ) -> NamedRun | None:
+    """The run a per-sample request names (:mod:`rewardd.service.compat.recording`)."""
+    return NamedRun.of(run_id, step, services.compat.config)
+
+
+RunDep = Annotated[NamedRun | None, Depends(named_run)]
 
 
 class ConfiguredPathRoute(APIRoute):
@@ -63,7 +82,7 @@ class ConfiguredPathRoute(APIRoute):
 @router.post("/get_reward", response_model=None, openapi_extra=body(OpenRLHFRequest),
              responses={**responses(OpenRLHFResponse), **ERRORS},
              summary="OpenRLHF remote reward (--reward.remote_url)")
-async def get_reward(request: Request, services: ServicesDep,
+async def get_reward(request: Request, services: ServicesDep, run: RunDep,
                      tenant: Tenant = Depends(current_tenant)) -> Response:
     """OpenRLHF's remote reward call: one reward per query (see REWARDD_COMPAT_CONFIG)."""
     async def read(config: CompatConfig) -> list[SampleIn]:
@@ -73,7 +92,7 @@ async def get_reward(request: Request, services: ServicesDep,
 
     with heavy.scope():
         samples, outs = await services.compat.score(tenant, "openrlhf", read,
-                                                    ("body", "query"))
+                                                    ("body", "query"), run)
         return await answer(request, openrlhf_answer, samples, outs, services.compat.config)
 
 
@@ -91,7 +110,7 @@ slime = APIRouter(route_class=ConfiguredPathRoute)
 @slime.post("/slime/reward", response_model=None, openapi_extra=body(SlimeRequest),
             responses={**responses(SlimeResponse), **ERRORS},
             summary="slime remote reward (--rm-type remote_rm --rm-url)")
-async def slime_reward(request: Request, services: ServicesDep,
+async def slime_reward(request: Request, services: ServicesDep, run: RunDep,
                        tenant: Tenant = Depends(current_tenant)) -> Response:
     """slime's remote_rm call; the path is slime.path of REWARDD_COMPAT_CONFIG (this one by
     default), the reward is under slime.reward_key (`reward` by default)."""
@@ -99,14 +118,14 @@ async def slime_reward(request: Request, services: ServicesDep,
         return slime_samples(await read_model(request, SlimeRequest, tenant), config)
 
     with heavy.scope():
-        _, [out] = await services.compat.score(tenant, "slime", read)
+        _, [out] = await services.compat.score(tenant, "slime", read, run=run)
         return render(request, slime_answer(out, services.compat.config))
 
 
 @router.post("/verify", response_model=None, openapi_extra=body(NemoGymRequest),
              responses={**responses(NemoGymResponse), **ERRORS},
              summary="NeMo-Gym resources server verify")
-async def nemo_gym_verify(request: Request, services: ServicesDep,
+async def nemo_gym_verify(request: Request, services: ServicesDep, run: RunDep,
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     """NeMo-Gym's /verify: the request echoed with `reward` (and `reward_components` when
     there are several rewards)."""
@@ -117,7 +136,7 @@ async def nemo_gym_verify(request: Request, services: ServicesDep,
         return nemo_gym_samples(box[0], config)
 
     with heavy.scope():
-        _, [out] = await services.compat.score(tenant, "nemo_gym", read)
+        _, [out] = await services.compat.score(tenant, "nemo_gym", read, run=run)
         return render(request, nemo_gym_answer(box[0], out, services.compat.config))
 
 

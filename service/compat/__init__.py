@@ -9,6 +9,7 @@
 * :mod:`.scoring`: what both ways share: a sample's outcome, one /v1/rewards call of samples.
 * :mod:`.batching`: samples of concurrent requests scored together (without group mode).
 * :mod:`.groups`: samples waiting for their group (group mode).
+* :mod:`.recording`: the run a request names (``?run_id=&step=``) and its samples recorded.
 
 The routes are in :mod:`rewardd.service.api.compat`.
 """

@@ -12,7 +12,8 @@ configuration. The setting is a path to a JSON or YAML file, or the JSON itself:
                "advantage": {"estimator": "grpo", "output": "scalar"}},
      "openrlhf": {"value": "advantage"},
      "slime": {"path": "/slime/reward", "reward_key": "reward"},
-     "nemo_gym": {"label_field": "expected_answer"}}
+     "nemo_gym": {"label_field": "expected_answer"},
+     "run_id": "exp-7"}
 
 Every field has a default, and without the setting the defaults hold: the math verifier,
 the label as the answer, each sample scored on its own. The file is validated when the
@@ -111,6 +112,11 @@ class CompatConfig(Contract):
     openrlhf: OpenRLHFOptions = Field(default_factory=OpenRLHFOptions)
     slime: SlimeOptions = Field(default_factory=SlimeOptions)
     nemo_gym: NemoGymOptions = Field(default_factory=NemoGymOptions)
+    run_id: Name | None = Field(
+        None, description="The run a request is recorded under when it names none "
+        "(`?run_id=` on the URL the trainer posts to wins): for a trainer whose URL cannot "
+        "carry it (NeMo-Gym posts to host:port/verify). Unset: only requests that name a run "
+        "are recorded.")
 
     @field_validator("group")
     @classmethod

@@ -89,11 +89,17 @@ def session_spec(config: CompatConfig) -> SessionSpec:
                        group_timeout_s=group.timeout_s, on_group_timeout=group.on_timeout)
 
 
-def session_id(tenant: Tenant, protocol: str, config: CompatConfig) -> str:
-    """The standing session of a tenant's protocol under a configuration: the same id on
-    every pod; a changed configuration is another session (its groups are not mixed)."""
-    text = json.dumps([tenant.name, protocol, config.model_dump(mode="json")],
-                      sort_keys=True, default=str)
+def session_id(tenant: Tenant, protocol: str, config: CompatConfig,
+               run_id: str | None = None) -> str:
+    """The standing session of a tenant's protocol under a configuration, for the run the
+    requests name: the same id on every pod; a changed configuration, or another run, is
+    another session (its groups are not mixed: a group's samples are one run's, as
+    recorded). The configuration's own ``run_id`` counts as the run the requests name, and
+    without a run the id is the one it was before runs were recorded (pods of two releases
+    side by side still share their groups)."""
+    parts = [tenant.name, protocol, config.model_dump(mode="json", exclude={"run_id"})]
+    text = json.dumps(parts + [run_id] if run_id is not None else parts, sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -124,11 +130,12 @@ class Assembler:
         return sum(len(entry.samples) for entry in self._queued.get(sid, ()))
 
     async def submit(self, tenant: Tenant, protocol: str, samples: Sequence[SampleIn],
-                     config: CompatConfig) -> list[SampleOut | BaseException]:
+                     config: CompatConfig, run_id: str | None = None
+                     ) -> list[SampleOut | BaseException]:
         """Each sample's result (or the error its request answers) once its group is
-        whole."""
+        whole; ``run_id``: the run the request names (its groups are that run's)."""
         assert config.group is not None
-        sid = session_id(tenant, protocol, config)
+        sid = session_id(tenant, protocol, config, run_id)
         await self._sessions.start()  # the lifespan starts it; an app used without one too
         await self._sessions.standing(tenant, sid, session_spec(config))
         placed = await self._placed(tenant, sid, samples, config)
@@ -139,7 +146,7 @@ class Assembler:
         for sample, spot in zip(samples, placed):
             event = spot if isinstance(spot, BaseException) else events[spot[0]]
             outs.append(event if isinstance(event, BaseException)
-                        else self._answer(event, spot[1], sample, config))
+                        else self._answer(event, spot, sample, config))
         return outs
 
     async def _placed(self, tenant: Tenant, sid: str, samples: Sequence[SampleIn],
@@ -316,7 +323,7 @@ class Assembler:
         return event
 
     @staticmethod
-    def _answer(event: dict[str, Any], rollout_id: str, sample: SampleIn,
+    def _answer(event: dict[str, Any], spot: Spot, sample: SampleIn,
                 config: CompatConfig) -> SampleOut | BaseException:
         assert config.group is not None
         if event.get("failed"):
@@ -324,6 +331,6 @@ class Assembler:
                 f"the sample's group got {event['arrived']} of {config.group.size} samples "
                 f"within {config.group.timeout_s:g} s (group.timeout_s; group.on_timeout is "
                 "fail)")
-        rollout = next(r for r in event["rollouts"] if r["rollout_id"] == rollout_id)
-        return outcome(rollout, sample, event["arrived"], event["reason"] == "timeout")
+        rollout = next(r for r in event["rollouts"] if r["rollout_id"] == spot[1])
+        return outcome(rollout, sample, event["arrived"], event["reason"] == "timeout", spot)
 

@@ -18,6 +18,7 @@ from rewardd.service.budgets import Bound
 from rewardd.service.compat.batching import Batcher
 from rewardd.service.compat.config import CompatConfig, validated_compat_config
 from rewardd.service.compat.groups import Assembler
+from rewardd.service.compat.recording import NamedRun, record_samples
 from rewardd.service.compat.samples import SampleIn
 from rewardd.service.compat.scoring import SampleOut, compat_config, raise_first
 from rewardd.service.runtime import Runtime
@@ -61,10 +62,13 @@ class CompatScorer:
         return compat_config(self._runtime.settings)
 
     async def score(self, tenant: Tenant, protocol: str, read: SampleReader,
-                    where: Loc = ("body",)) -> tuple[list[SampleIn], list[SampleOut]]:
+                    where: Loc = ("body",), run: NamedRun | None = None
+                    ) -> tuple[list[SampleIn], list[SampleOut]]:
         """Read a protocol request's samples and score them; the first failed sample's error
         is raised (a request answers one status). ``where`` is the field holding the
-        samples (a 422 about their count names it).
+        samples (a 422 about their count names it). With ``run``, the answered samples are
+        recorded under it (:mod:`.recording`); in group mode they join groups of that run
+        only.
 
         Why no tenant slot while reading and waiting, unlike /v1/score: OpenRLHF posts every
         sample of a step on its own, hundreds at once, and retries a refusal five times a
@@ -89,8 +93,22 @@ class CompatScorer:
                 if config.group is None:
                     outs = await self.batcher.submit(tenant, samples)
                 else:
-                    outs = await self.assembler.submit(tenant, protocol, samples, config)
-        return samples, raise_first(outs)
+                    outs = await self.assembler.submit(tenant, protocol, samples, config,
+                                                       run.run_id if run else None)
+        answered = raise_first(outs)
+        if run is not None and self._runtime.records.enabled:
+            await self.record(tenant, run, samples, answered)
+        return samples, answered
+
+    async def record(self, tenant: Tenant, run: NamedRun, samples: list[SampleIn],
+                     outs: list[SampleOut]) -> None:
+        """Queue the request's samples for the record: on the event loop for a usual
+        request (one sample: no thread hop), off it for a heavy one (O(samples))."""
+        record = self._runtime.records.for_tenant(tenant.name)
+        if heavy.is_heavy():
+            await heavy.offload(record_samples, record, run, samples, outs)
+        else:
+            record_samples(record, run, samples, outs)
 
     def check_count(self, count: int, config: CompatConfig, where: Loc) -> None:
         """A 422 naming ``where`` and the setting when one request has more samples than a

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from rewardd.advantages.errors import RequestInvalid, error
 from rewardd.service import heavy, pipeline
@@ -49,6 +49,12 @@ class SampleOut:
     group_size: int = 1
     """Samples scored together (less than ``group.size`` when the group timed out)."""
     timed_out: bool = False
+    scored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The rollout as the pipeline (or the standing session) answered it, evidence and all:
+    what the run record keeps of the sample (:mod:`.recording`)."""
+    placed: tuple[str, str] | None = None
+    """Group mode: (group id, rollout id) the sample had in the standing session, the ids it
+    is recorded under (None: scored alone, under ids of its own request's call)."""
 
     def value(self, which: str) -> float:
         """``reward`` or ``advantage``, as a protocol's option asks."""
@@ -93,10 +99,10 @@ def remap(exc: RequestInvalid, samples: Sequence[SampleIn], one_group: bool) -> 
     return RequestInvalid(errors)
 
 
-def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
-            timed_out: bool) -> SampleOut | Exception:
+def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int, timed_out: bool,
+            placed: tuple[str, str] | None = None) -> SampleOut | Exception:
     """A rollout of a pipeline response as a :class:`SampleOut`, or the error its sample
-    answers (a failed check without fallback)."""
+    answers (a failed check without fallback); ``placed``: where group mode put it."""
     status = rollout["status"]
     failed = tuple(name for name, cell in status.items() if not cell["ok"])
     if rollout["reward"] is None:
@@ -113,7 +119,7 @@ def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int,
     advantage = rollout.get("advantages")
     return SampleOut(reward=rollout["reward"], rewards=rollout["rewards"], status=status,
                      failed=failed, advantage=advantage if isinstance(advantage, float) else None,
-                     group_size=group_size, timed_out=timed_out)
+                     group_size=group_size, timed_out=timed_out, scored=rollout, placed=placed)
 
 
 async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime: Runtime
