@@ -173,11 +173,12 @@ class OfflineRecord:
         self._paced = True
 
     def __call__(self, run_id: str | None, step: int | None, groups: Sequence[Any],
-                 body: Mapping[str, Any]) -> int:
+                 body: Mapping[str, Any], rewards: Sequence[Any] = (),
+                 evaluation: bool = False) -> int:
         """:data:`pipeline.BatchRecorder`, in the thread that built the response."""
         if self._paced and self.recorder.health() is not None:  # the previous job's first
             self._paced = self.recorder.writer().flush(RECORD_FLUSH_S)
-        return self._record(run_id, step, groups, body)
+        return self._record(run_id, step, groups, body, rewards, evaluation)
 
     def close(self) -> RecordReport | None:
         """Write what is queued (up to :data:`RECORD_FLUSH_S`), then release the database;

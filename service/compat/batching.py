@@ -158,14 +158,15 @@ class Batcher:
                         call.live = len(call.requests)
                         for request in call.requests:
                             request.call = call
-                        call.task = self._spawn(self._score(call))
+                        call.task = self._spawn(self._score(call, tenant))
                     # a cancelled call does not end the batch: asyncio.wait never raises
                     await asyncio.wait([call.task for call in calls if call.task is not None])
         finally:
             self._in_flight[tenant.name] -= 1
 
-    async def _score(self, call: _Call) -> None:
-        """Score one call's samples and answer each of its requests with its share."""
+    async def _score(self, call: _Call, tenant: Tenant) -> None:
+        """Score one call's samples and answer each of its requests with its share (the
+        tenant's verdict cache answering what it has seen)."""
         samples = [sample for request in call.requests for sample in request.samples]
         config = compat_config(self._runtime.settings)
         outs: list[SampleOut | Exception] = []
@@ -174,7 +175,7 @@ class Batcher:
                 heavy.mark(heavy.heavy_rollouts(len(samples)))
                 for start in range(0, len(samples), CALL_SAMPLES):
                     outs.extend(await score_each(samples[start:start + CALL_SAMPLES], config,
-                                                 self._runtime))
+                                                 self._runtime, tenant.name))
         except asyncio.CancelledError:  # every request of the call left
             raise
         except Exception as exc:  # the call's failure is each of its samples' answer

@@ -49,12 +49,13 @@ class NamedRun:
 
 
 def record_samples(record: BatchRecorder, run: NamedRun, samples: Sequence[SampleIn],
-                   outs: Sequence[SampleOut]) -> int:
-    """Hand one request's answered samples to the record (queued, never raises); returns how
-    many were accepted. O(samples): run off the event loop for a heavy request."""
+                   outs: Sequence[SampleOut], config: CompatConfig) -> int:
+    """Hand one request's answered samples to the record (queued, never raises), with the
+    configuration's reward components (what replay runs again); returns how many were
+    accepted. O(samples): run off the event loop for a heavy request."""
     groups = [recorded_group(sample, out) for sample, out in zip(samples, outs)]
     body = {"groups": [{"rollouts": [out.scored]} for out in outs]}
-    return record(run.run_id, run.step, groups, body)
+    return record(run.run_id, run.step, groups, body, rewards=config.rewards)
 
 
 def recorded_group(sample: SampleIn, out: SampleOut) -> Group:

@@ -97,18 +97,18 @@ class CompatScorer:
                                                        run.run_id if run else None)
         answered = raise_first(outs)
         if run is not None and self._runtime.records.enabled:
-            await self.record(tenant, run, samples, answered)
+            await self.record(tenant, run, samples, answered, config)
         return samples, answered
 
     async def record(self, tenant: Tenant, run: NamedRun, samples: list[SampleIn],
-                     outs: list[SampleOut]) -> None:
+                     outs: list[SampleOut], config: CompatConfig) -> None:
         """Queue the request's samples for the record: on the event loop for a usual
         request (one sample: no thread hop), off it for a heavy one (O(samples))."""
         record = self._runtime.records.for_tenant(tenant.name)
         if heavy.is_heavy():
-            await heavy.offload(record_samples, record, run, samples, outs)
+            await heavy.offload(record_samples, record, run, samples, outs, config)
         else:
-            record_samples(record, run, samples, outs)
+            record_samples(record, run, samples, outs, config)
 
     def check_count(self, count: int, config: CompatConfig, where: Loc) -> None:
         """A 422 naming ``where`` and the setting when one request has more samples than a

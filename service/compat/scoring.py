@@ -122,8 +122,8 @@ def outcome(rollout: dict[str, Any], sample: SampleIn, group_size: int, timed_ou
                      group_size=group_size, timed_out=timed_out, scored=rollout, placed=placed)
 
 
-async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime: Runtime
-                     ) -> list[SampleOut | Exception]:
+async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime: Runtime,
+                     tenant: str) -> list[SampleOut | Exception]:
     """Each sample as its own one-rollout group, all in one /v1/rewards call. A sample whose
     reference the checks refuse gets its 422 and the others are scored without it (the
     samples come from several trainer requests: one bad label must not fail the rest)."""
@@ -133,7 +133,8 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime:
     # event loop for seconds): off the loop, in the heavy lane for a heavy batch
     req = await heavy.offload(rewards_request, samples, config)
     try:
-        body = await pipeline.rewards(req, runtime.executor, runtime.settings)
+        body = await pipeline.rewards(req, runtime.executor, runtime.settings,
+                                      cache=runtime.verdicts.view(tenant))
     except RequestInvalid as exc:
         if not all(len(e["loc"]) > 2 and e["loc"][1] == "groups" for e in exc.errors):
             return [remap(exc, samples, one_group=False)] * len(samples)  # not one sample's
@@ -143,7 +144,8 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime:
             remap(RequestInvalid([e for e in exc.errors if e["loc"][2] == i]), samples,
                    one_group=False) if i in bad else None  # type: ignore[misc]
             for i in range(len(samples))]
-        for i, out in zip(rest, await score_each([samples[i] for i in rest], config, runtime)):
+        for i, out in zip(rest, await score_each([samples[i] for i in rest], config, runtime,
+                                                 tenant)):
             outs[i] = out
         return outs
     return await heavy.offload(outcomes, body, samples)

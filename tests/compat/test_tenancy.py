@@ -99,8 +99,9 @@ async def test_a_bad_reference_in_a_shared_batch_fails_only_its_own_request():
     async with client(app) as http:
         first = asyncio.create_task(http.post("/slime/reward", json=good, headers=ALICE))
         await until(lambda: gated.entered == 1)
+        again = {**good, "response": "```python\nprint(2)\n```"}  # the cache has not seen it
         queued = [asyncio.create_task(http.post("/slime/reward", headers=ALICE, json=body))
-                  for body in (good, {**good, "label": {"tset_code": "assert True"}}, good)]
+                  for body in (again, {**good, "label": {"tset_code": "assert True"}}, again)]
         await until(lambda: waiting_samples(app) == 3)
         gated.gate.set()
         answers = [await t for t in [first, *queued]]

@@ -118,3 +118,19 @@ async def test_bad_overrides_and_unknown_runs_are_refused_with_the_field(tmp_pat
         assert missing.status_code == 404
         theirs = await http.post("/v1/runs/replayed/reverify", json={}, headers=BOB)
         assert theirs.status_code == 404  # another tenant's run is not there
+
+
+async def test_a_per_sample_protocol_run_can_be_replayed(tmp_path: Path) -> None:
+    """A slime request naming its run in the URL is recorded with the configuration's reward
+    components, so replay re-scores it like a batch."""
+    app = recorded_app(tmp_path)
+    async with app.router.lifespan_context(app), client(app) as http:
+        for response, label in (("The answer is 4.", "4"), ("\\boxed{5}", "5")):
+            answer = await http.post("/slime/reward?run_id=replayed&step=1",
+                                     json={"prompt": "p", "response": response, "label": label})
+            assert answer.status_code == 200 and answer.json()["reward"] == 1.0, answer.text
+        flush(app)
+        result = (await _reverify(http, {"set": {"correct.extract": "boxed"}}))["result"]
+        assert result["summary"]["rescored"] == 2
+        assert [(f["component"], f["before"], f["after"]) for f in result["flips"]] == [
+            ("correct", 1.0, 0.0)]
