@@ -77,7 +77,7 @@ def math_step(policy: Policy, step: int, groups: int = 64, per_group: int = 8) -
             return f"{FILLER * 2}(attempt {n}) So the answer is \\boxed{{{given}}}."
         out.append({"group_id": f"s{step}-g{g}", "prompt": prompt,
                     "reference": {"answer": str(answer)},
-                    "rollouts": [{"rollout_id": f"r{r}", "num_tokens": 64,
+                    "rollouts": [{"rollout_id": f"g{g}-r{r}", "num_tokens": 64,
                                   "completion": policy.completion(prompt, fresh)}
                                  for r in range(per_group)]})
     return {"groups": out, "rewards": [{"name": "math", "verifier": "math"}],
@@ -95,7 +95,7 @@ def code_step(policy: Policy, step: int, groups: int = 16, per_group: int = 8) -
             return f"```python\n# attempt {n}\n{PROGRAMS[n % len(PROGRAMS)]}\n```"
         out.append({"group_id": f"s{step}-g{g}", "prompt": prompt,
                     "reference": {"tests": tests},
-                    "rollouts": [{"rollout_id": f"r{r}", "num_tokens": 32,
+                    "rollouts": [{"rollout_id": f"g{g}-r{r}", "num_tokens": 32,
                                   "completion": policy.completion(prompt, fresh)}
                                  for r in range(per_group)]})
     return {"groups": out, "rewards": [{"name": "code", "verifier": "code"}],
@@ -123,7 +123,7 @@ def run(workload: str, epochs: int, steps: int, repeat_share: float, urls: dict[
                 started = time.perf_counter()
                 response = httpx.post(f"{urls[side]}/v1/score", json=body, timeout=900)
                 elapsed = time.perf_counter() - started
-                response.raise_for_status()
+                assert response.status_code == 200, response.text[:500]
                 cache = response.json()["diagnostics"]["cache"]
                 answered[side][0] += cache["hits"]
                 answered[side][1] += sum(len(g["rollouts"]) for g in body["groups"])
