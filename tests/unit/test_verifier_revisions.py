@@ -14,7 +14,7 @@ import pytest
 
 from rewardd.verifiers import REGISTRY
 from tests.support import verdict_snapshot
-from tests.support.verdict_snapshot import NEEDS_A_MODEL, SNAPSHOT, Case, cases, verdict
+from tests.support.verdict_snapshot import NEEDS_A_MODEL, SNAPSHOT, Case, cases
 
 RECORDED = json.loads(SNAPSHOT.read_text())
 CASES = cases()
@@ -28,6 +28,7 @@ def test_every_built_in_verifier_has_a_corpus_or_needs_a_model():
         "a new verifier needs cases in tests/data/verifier_corpus.jsonl")
     assert with_corpus == set(RECORDED), "record again: python -m tests.support.verdict_snapshot"
     assert all(REGISTRY[name].judged or name == "reward_model" for name in NEEDS_A_MODEL)
+    assert {"rubric", "arena"} <= with_corpus  # judges against the rule-based judge server
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -37,7 +38,7 @@ def test_verdicts_move_only_with_the_revision(name):
     assert revision == recorded["revision"], (
         f"{name}: revision {revision!r}, recorded {recorded['revision']!r}: record the "
         "verdicts of the new revision (python -m tests.support.verdict_snapshot)")
-    today = {case.id: verdict(case) for case in CASES if case.verifier == name}
+    today = verdict_snapshot.verdicts_of(name)
     moved = {case_id: (recorded["verdicts"].get(case_id), now)
              for case_id, now in today.items() if recorded["verdicts"].get(case_id) != now}
     assert not moved, (
@@ -46,7 +47,7 @@ def test_verdicts_move_only_with_the_revision(name):
         "record again (python -m tests.support.verdict_snapshot)")
 
 
-def test_a_changed_verdict_under_the_same_revision_is_caught():
+def test_a_changed_verdict_under_the_same_revision_is_caught(monkeypatch):
     """The check itself: a verifier whose verdicts move (here one case's reward, faked)
     without a new revision fails it."""
     case = next(c for c in CASES if c.verifier == "exact_match")
@@ -56,9 +57,6 @@ def test_a_changed_verdict_under_the_same_revision_is_caught():
         reward, error = real(c)
         return [1.0 - reward, error] if c.id == case.id else [reward, error]
 
-    globals()["verdict"] = moved  # what the parametrized test calls
-    try:
-        with pytest.raises(AssertionError, match="1 verdicts changed"):
-            test_verdicts_move_only_with_the_revision("exact_match")
-    finally:
-        globals()["verdict"] = real
+    monkeypatch.setattr(verdict_snapshot, "verdict", moved)
+    with pytest.raises(AssertionError, match="1 verdicts changed"):
+        test_verdicts_move_only_with_the_revision("exact_match")
