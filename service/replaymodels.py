@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, JsonValue, field_validator
+from pydantic import BaseModel, Field, JsonValue, StrictInt, field_validator
 
 from rewardd.advantages.models import Contract
 
@@ -17,7 +17,7 @@ that flips a whole run must not make a result of hundreds of megabytes."""
 class ReverifyRequest(Contract):
     """Body of POST /v1/runs/{run_id}/reverify."""
 
-    steps: tuple[int, int] | None = Field(
+    steps: tuple[StrictInt, StrictInt] | None = Field(
         None, description="`[first, last]`: only rollouts of these steps (inclusive); "
         "default: the whole run.")
     set: dict[str, JsonValue] = Field(
