@@ -87,6 +87,10 @@ VERDICT_CACHE = Counter("rewardd_verdict_cache_total",
                         "Checks the verdict cache was asked about, by verifier and result "
                         "(hit: answered from the cache, no verifier ran; miss: checked, "
                         "then kept).", ["verifier", "result"])
+CANARIES = Counter("rewardd_canary_total",
+                   "Canary probes (docs/canaries.md) by verifier, the group's source, kind "
+                   "(accept: a correct verifier gives the full reward; reject: it does not) "
+                   "and result (passed, failed).", ["verifier", "source", "kind", "result"])
 SESSION_SWEEPS = Counter("rewardd_session_sweeps_total",
                          "Sweeps of the open sessions this API process made (group timeouts, "
                          "idle sessions, a dead pod's work): a sweep's cost is per session, "
@@ -519,6 +523,10 @@ def count_verdict_cache(verifier: str, hits: int, misses: int) -> None:
         VERDICT_CACHE.labels(verifier, "hit").inc(hits)
     if misses:
         VERDICT_CACHE.labels(verifier, "miss").inc(misses)
+
+
+def count_canary(verifier: str, source: str, kind: str, result: str) -> None:
+    CANARIES.labels(verifier, source, kind, result).inc()
 
 
 def count_records_written(count: int) -> None:

@@ -43,6 +43,23 @@ class RewardSpec(Contract):
         "REWARDD_VERIFIER_TIMEOUT_S and is capped by REWARDD_MAX_VERIFIER_TIMEOUT_S.")
 
 
+class CanarySpec(Contract):
+    """A request's canaries (docs/canaries.md): probes built from the batch's references,
+    run beside it, never part of its rewards."""
+
+    enabled: bool = Field(True, description="Run canaries for this batch (false: none).")
+    rate: float | None = Field(
+        None, ge=0.0, le=1.0, description="Share of the batch's groups canaried per reward "
+        "component (at least one group while above 0); unset: the server's "
+        "REWARDD_CANARY_RATE.")
+
+
+CANARIES_DESCRIPTION = ("Canaries (docs/canaries.md): true (default: the server's "
+                        "REWARDD_CANARY_RATE), false (none), or {\"rate\": share of groups}. "
+                        "They never change rewards or advantages; results go to "
+                        "`summary.canaries`.")
+
+
 class ScoreRequest(Contract):
     """Body of POST /v1/score and POST /v1/jobs: verify every rollout, then advantages."""
 
@@ -58,6 +75,7 @@ class ScoreRequest(Contract):
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)
     cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
                         "(false: every check runs).")
+    canaries: bool | CanarySpec = Field(True, description=CANARIES_DESCRIPTION)
 
 
 class RewardsRequest(Contract):
@@ -70,6 +88,7 @@ class RewardsRequest(Contract):
     rewards: list[RewardSpec] = Field(min_length=1, fail_fast=True)
     cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
                         "(false: every check runs).")
+    canaries: bool | CanarySpec = Field(True, description=CANARIES_DESCRIPTION)
 
 
 class VerifyRequest(Contract):
@@ -173,6 +192,21 @@ class GroupResult(BaseModel):
     diagnostics: GroupDiagnostics
 
 
+class CanaryCounts(BaseModel):
+    passed: int = Field(description="Probes the verifier answered as a correct one must.")
+    failed: int = Field(description="Probes it did not.")
+
+
+class CanaryReport(CanaryCounts):
+    """One reward component's canaries in one batch: its probes passed and failed, and:"""
+
+    verifier: str
+    problems: list[str] = Field(description="What the failed probes say is wrong, one line "
+                                "per canaried group (at most 5, then a count).")
+    sources: dict[str, CanaryCounts] = Field(description="Passed and failed by the groups' "
+                                             "source (\"\": groups without one).")
+
+
 class Summary(BaseModel):
     rollouts: int
     groups: int
@@ -191,6 +225,9 @@ class Summary(BaseModel):
         None, description="Fraction of groups whose advantages are all zero (no signal).")
     component_energy: dict[str, float] | None = Field(
         None, description="Mean squared advantage of each component (multi-reward batches).")
+    canaries: dict[str, CanaryReport] | None = Field(
+        None, description="Per canaried reward component, its canaries' results "
+        "(docs/canaries.md); absent when none ran. Never part of rewards or advantages.")
 
 
 class CacheCounts(BaseModel):

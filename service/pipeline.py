@@ -14,10 +14,11 @@ GIL) big requests take at once (:mod:`rewardd.service.heavy` says why and what i
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from rewardd.service import heavy, metrics
+from rewardd.service import canaries, heavy, metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
                             Rollout, ScoreRequest)
@@ -186,6 +187,17 @@ def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> Cal
     return done
 
 
+def plan_canaries(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings: Settings,
+                  batch: BatchContext) -> list[canaries.Canary]:
+    """The batch's canaries (:mod:`rewardd.service.canaries`), planned with the batch's own
+    timeouts and group contexts; none when the request or the server turned them off."""
+    rate = canaries.rate_of(req, settings.canary_rate)
+    if rate <= 0:
+        return []
+    planner = CallPlanner.of(req.rewards, settings, batch)
+    return canaries.plan(flat, planner.specs, planner.timeouts, batch.for_group, rate)
+
+
 def check_request(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """The request's checks beyond its model (a 422 naming the field). CPU-bound (a 10^5-group
     batch: seconds; a request's regex is compiled): callers run it off the event loop."""
@@ -232,14 +244,25 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
     with heavy.scope():  # a job's or a gRPC call's own; a route's is already open
         heavy.mark(heavy.heavy_rollouts(sum(len(group.rollouts) for group in req.groups)))
         flat = await heavy.offload(validated, req, settings)
-        columns = await run_verifiers(flat, req.rewards, executor, settings, progress,
-                                      on_group, BatchContext.of(req), cache)
+        batch = BatchContext.of(req)
+        watch = await heavy.offload(plan_canaries, req, flat, settings, batch)
+        beside = asyncio.ensure_future(canaries.run(watch, executor)) if watch else None
+        try:
+            columns = await run_verifiers(flat, req.rewards, executor, settings, progress,
+                                          on_group, batch, cache)
+            watched = await beside if beside is not None else []
+        finally:
+            if beside is not None and not beside.done():
+                beside.cancel()
 
         def finish() -> dict[str, Any]:
             with gc_paused():
                 columns.extend(precomputed_columns(flat.rollouts, spec.weights if spec else {}))
                 body = respond(req.run_id, flat, combine(columns, len(flat.rollouts)), columns,
                                spec, runs)
+                found = canaries.report(watch, watched)
+                if found is not None:  # beside the rewards, never part of them
+                    body["summary"]["canaries"] = found
                 if cache is not None:
                     body["diagnostics"] = {"cache": cache.diagnostics()}
                 if record is not None and req.run_id is not None:

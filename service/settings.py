@@ -229,6 +229,13 @@ class Settings(WorkerSettings):
         "Redis in distributed mode. Only successful verdicts of verifiers that decide the "
         "same way every time are kept (never a judge sampled above temperature 0 without "
         "a seed). A request bypasses it with `\"cache\": false`.")
+    canary_rate: float = Field(
+        0.02, ge=0.0, le=1.0, description="Share of a batch's groups whose references become "
+        "canaries, per reward component with a probe maker (at least one group per batch "
+        "while above 0; 0: none): probes a correct verifier must accept and reject, run "
+        "beside the batch, never part of its rewards (docs/canaries.md). A request may "
+        "change it with `\"canaries\": {\"rate\": ...}` or turn them off with "
+        "`\"canaries\": false`.")
     verdict_cache_entries: int = Field(
         50_000, ge=1, description="Verdicts the API process keeps in memory, at most (the "
         "least recently used go first).")

@@ -153,6 +153,7 @@ def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[A
     REWARDD_RECORD_COMPLETIONS says, and beside a kept completion its group's inputs (what
     replay runs again; none without verifier ``components``)."""
     records: list[RolloutRecord] = []
+    canaries = (body.get("summary") or {}).get("canaries")
     for group, answered in zip(groups, body.get("groups") or ()):
         source = group.source or group.data_source
         inputs = _Inputs(group, components, evaluation)
@@ -162,7 +163,8 @@ def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[A
             record = RolloutRecord(
                 tenant=tenant, run_id=run_id, group_id=group.group_id,
                 rollout_id=rollout.rollout_id, verdicts=verdicts, recorded_at=now, step=step,
-                source=source, summary=_summary(item), num_tokens=item.get("num_tokens"),
+                source=source, summary=_summary(item, None if records else canaries),
+                num_tokens=item.get("num_tokens"),
                 zero_advantage=_all_zero(item.get("advantages")))
             completion = rollout.completion
             if completion is not None and _keeps_completion(record, settings):
@@ -176,9 +178,13 @@ def _verdict(component: str, reward: float | None, entry: Mapping[str, Any]) -> 
     return Verdict(component, reward, outcome, entry)
 
 
-def _summary(item: Mapping[str, Any]) -> dict[str, Any]:
+def _summary(item: Mapping[str, Any], canaries: Any = None) -> dict[str, Any]:
+    """The rollout's summary; the batch's first rollout also carries the batch's canary
+    report (``summary.canaries`` of the response: one per batch, not per rollout)."""
     summary: dict[str, Any] = {"reward": item.get("reward"),
                                "excluded": bool(item.get("excluded"))}
+    if canaries:
+        summary["canaries"] = canaries
     advantages = item.get("advantages")
     if isinstance(advantages, (int, float)):  # output scalar
         summary["advantage_mean"] = float(advantages)

@@ -37,6 +37,7 @@ from typing import IO, Any, Callable
 
 from rewardd.verifiers.code.runtimes import (bwrap_command, isolation, runtimes, unsafe_allowed,
                                      unsafe_command, unsafe_env)
+from rewardd.verifiers.code.settings import sandbox_settings
 from rewardd.verifiers.code.types import Isolation, Program, TestResult
 from rewardd.verifiers.code.zygote import HEADER, MAX_FRAME_BYTES, b64, pack_frame, unb64
 
@@ -57,6 +58,8 @@ CANCEL_TIMEOUT_S = 2.0
 SLACK_S = 10.0
 """Added to a run's own time budget before the grader gives up on the zygote."""
 PER_TEST_SLACK_S = 1.0
+LEVELS = ("none", "namespaces", "full")
+"""Isolation levels, weakest first (REWARDD_SANDBOX_REQUIRE_ISOLATION compares by it)."""
 
 
 class SandboxError(RuntimeError):
@@ -237,6 +240,13 @@ class Sandbox:
                 "code execution needs isolation this machine does not offer: install "
                 "bubblewrap (apt-get install bubblewrap) and run the service as root for "
                 f"per-run uids, or set REWARDD_SANDBOX_UNSAFE=1 to run without. {iso.detail}")
+        required = sandbox_settings().sandbox_require_isolation
+        if required is not None and LEVELS.index(iso.level) < LEVELS.index(required):
+            raise SandboxUnavailable(
+                f"the operator requires isolation {required!r} (REWARDD_SANDBOX_REQUIRE_"
+                f"ISOLATION) and this machine offers {iso.level!r}: "
+                + ("run the service as root for per-run uids" if required == "full" else
+                   "install bubblewrap and allow it user namespaces") + f". {iso.detail}")
         return iso.level
 
     def _ensure(self) -> _Zygote:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,12 @@ class SandboxSettings(BaseSettings):
         False, description="Run code without isolation where the machine cannot isolate it "
         "(no bubblewrap or no user namespaces): rlimits and seccomp only. For a developer's "
         "laptop; never on shared infrastructure.")
+    sandbox_require_isolation: Literal["namespaces", "full"] | None = Field(
+        None, description="The least isolation code may run under: `full` (namespaces and a "
+        "per-run uid: the service runs as root) or `namespaces`. A machine that offers less "
+        "runs no code: every check is `unavailable`, saying what the machine offers and "
+        "what was required (canaries flag it in the first batch). Unset: whatever the "
+        "machine offers (none only with REWARDD_SANDBOX_UNSAFE).")
     sandbox_include_dir: str | None = Field(
         None, description="A host directory of C/C++ headers that every C++ compilation in "
         "the sandbox sees read-only on its include path (shown at /opt/rewardd/include): put "

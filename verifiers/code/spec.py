@@ -73,7 +73,8 @@ _LANGUAGES: dict[str, Language] = {
     "nodejs": "javascript",
 }
 _TABLE_FIELDS = ("tests", "input_output", "test_code")
-REFERENCE_KEYS = ("tests", "input_output", "test_code", "entry_point", "language", "checker")
+REFERENCE_KEYS = ("tests", "input_output", "test_code", "entry_point", "language", "checker",
+                  "solution")
 TABLE_KEYS = ("inputs", "outputs", "fn_name")
 LIFT_SOURCE = Path(lift.__file__).read_text(encoding="utf-8")
 """The lifting program's source, run in the sandbox for each distinct test code."""

@@ -368,9 +368,12 @@ class CodeVerifier(Verifier):
                    "checker_memory_mb) or a C++ compile error is a checker failure "
                    "(invalid_reference, detail.checker_failure). testlib.h: only where the "
                    "operator set REWARDD_SANDBOX_INCLUDE_DIR",
+        "solution": "str (optional): a known-correct program for these tests, never run "
+                    "against the rollouts; canaries run it to check the tests (a solution "
+                    "that fails them means the expected outputs are wrong)",
     }
     Params = CodeParams
-    code_fields = (("test_code",), ("checker", "code"))
+    code_fields = (("test_code",), ("checker", "code"), ("solution",))
     """Reference fields holding code, capped by size at the API (REWARDD_MAX_CODE_FIELD_BYTES)."""
 
     def repeatable(self, outcome: Outcome) -> bool:
