@@ -118,10 +118,17 @@ SERIES = {
     'rewardd_http_requests_total{status="200", route="/v1/score"}': "0+90x15",
     'rewardd_http_requests_total{status="500", route="/v1/score"}': "0+10x15",
     'rewardd_records_dropped_total{reason="queue_full", instance="api-0"}': "0x5 10+10x9",
+    'rewardd_canary_total{verifier="math", source="gsm8k", kind="accept", result="passed", '
+    'instance="api-0"}': "0+4x15",
+    'rewardd_canary_total{verifier="math", source="gsm8k", kind="accept", result="failed", '
+    'instance="api-0"}': "0x9 1+1x5",
+    'rewardd_canary_total{verifier="code", source="apps", kind="accept", result="passed", '
+    'instance="api-0"}': "0+2x15",
 }
 """Input series (one value a minute): no worker for sandbox while it has work, one worker at
 isolation ``namespaces``, a cpu backlog aging a minute a minute, 10% of requests failing,
-the run record dropping rollouts from minute 6."""
+the run record dropping rollouts from minute 6, math's canaries failing from minute 10 (code's
+always passing)."""
 
 EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
     # (eval time, alert, [(labels, summary)])
@@ -138,6 +145,10 @@ EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
     ("5m", "RewarddRecordDropping", []),
     ("8m", "RewarddRecordDropping",
      [({"reason": "queue_full"}, "The run record is dropping rollouts (queue_full)")]),
+    ("9m", "RewarddCanaryFailing", []),
+    ("11m", "RewarddCanaryFailing",
+     [({"verifier": "math", "source": "gsm8k"},
+       "Verifier math fails its canaries on source gsm8k")]),
 ]
 
 
