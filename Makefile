@@ -178,6 +178,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_estimators.py
 	$(PY) tests/benchmarks/bench_distributed.py
 	$(PY) tests/benchmarks/bench_cache.py
+	$(PY) tests/benchmarks/bench_canaries.py
 	$(PY) tests/benchmarks/bench_load.py
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
