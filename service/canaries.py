@@ -4,8 +4,9 @@ broken verifier is caught in the first batch instead of passing for a hard task.
 Per reward component that has a probe maker (:mod:`rewardd.verifiers.probes`), a share of
 the batch's groups (REWARDD_CANARY_RATE, or the request's ``canaries.rate``; at least one
 group, spread evenly from the first) each get one extra :class:`VerifyCall` whose samples
-are the probes. The calls run on the same executor as the batch's, at the same time, with
-the component's params, timeout and group context, but:
+are the probes, with the component's params, timeout and group context. They ride in the
+batch's own executor run (:func:`rewardd.service.stamping.run_stamped`'s ``beside``: one
+flow of the fair queue, one round trip, nothing held twice against a tenant's limits), but:
 
 * never through the verdict cache (a cached verdict would test the cache, not today's
   verifier), and never into the verifier metrics (they count rollouts);
@@ -16,12 +17,12 @@ the component's params, timeout and group context, but:
 Why extra calls rather than extra samples in the batch's own calls: a group-level verifier
 (a judge batching its group, rubric dropout drawing per group) would see the probes as
 rollouts of the group. Cost: one call per canaried group and component (2 or 3 checks); at
-the default rate on a 512-rollout math step, 3 checks beside 512 (README, "Canaries").
+the default rate on a 512-rollout math step, 2 checks beside 512 (README, "Canaries:
+what they cost a step").
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -29,13 +30,10 @@ from rewardd.advantages.table import FlatBatch
 from rewardd.service import metrics
 from rewardd.service.canary_findings import findings, passes
 from rewardd.service.models import RewardSpec, RewardsRequest, ScoreRequest
-from rewardd.service.stamping import run_stamped
 from rewardd.verifiers import REGISTRY
 from rewardd.verifiers.base import Sample
 from rewardd.verifiers.probes import Probe, maker_for, shape_of
-from rewardd.workers.executor import CallResult, Executor, VerifyCall
-
-log = logging.getLogger(__name__)
+from rewardd.workers.executor import CallResult, VerifyCall
 
 MAX_PROBLEMS = 5
 """Problems listed per component (more groups with problems are counted, not listed: a
@@ -102,23 +100,7 @@ def plan(flat: FlatBatch, specs: Sequence[RewardSpec], timeouts: Sequence[float]
     return out
 
 
-async def run(canaries: Sequence[Canary], executor: Executor) -> list[CallResult] | None:
-    """Run the canaries' calls (no verdict cache, no verifier metrics); None when they
-    could not run: a canary must never fail the batch it watches."""
-    if not canaries:
-        return []
-    try:
-        return await run_stamped([c.call for c in canaries], executor, _unobserved)
-    except Exception:  # the batch goes on; the summary says the canaries did not run
-        log.exception("canaries could not run")
-        return None
-
-
-def _unobserved(call: VerifyCall, result: CallResult) -> None:
-    return None
-
-
-def report(canaries: Sequence[Canary], results: list[CallResult] | None
+def report(canaries: Sequence[Canary], results: Sequence[CallResult]
            ) -> dict[str, dict[str, Any]] | None:
     """``summary.canaries``: per canaried component its verifier, probes passed and failed
     (in all and per source) and the problems found; counted in ``rewardd_canary_total``.
@@ -131,10 +113,6 @@ def report(canaries: Sequence[Canary], results: list[CallResult] | None
         entry = out.setdefault(canary.component, {
             "verifier": canary.verifier, "passed": 0, "failed": 0, "problems": [],
             "sources": {}})
-        if results is None:
-            if not entry["problems"]:
-                entry["problems"].append("the canaries could not run (see the server's log)")
-            continue
         source = entry["sources"].setdefault(canary.source, {"passed": 0, "failed": 0})
         outcomes = [item.outcome for item in results[index].items]
         for probe, outcome in zip(canary.probes, outcomes):
@@ -153,4 +131,4 @@ def report(canaries: Sequence[Canary], results: list[CallResult] | None
     return out
 
 
-__all__ = ["Canary", "chosen", "plan", "rate_of", "report", "run"]
+__all__ = ["Canary", "chosen", "plan", "rate_of", "report"]

@@ -14,7 +14,6 @@ GIL) big requests take at once (:mod:`rewardd.service.heavy` says why and what i
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -137,13 +136,15 @@ def rollout_major(calls: Sequence[VerifyCall], results: Sequence[CallResult],
 async def run_calls(calls: Sequence[VerifyCall], executor: Executor,
                     progress: ProgressCallback | None = None,
                     on_call_done: CallDoneCallback | None = None,
-                    cache: CacheView | None = None) -> list[CallResult]:
+                    cache: CacheView | None = None,
+                    beside: Sequence[VerifyCall] = ()) -> list[CallResult]:
     """Run calls on the executor, answering from the verdict ``cache`` what it holds, with
     every outcome stamped with its receipt (:mod:`rewardd.service.stamping`); each check a
     verifier ran is recorded in the metrics (outcome, duration, judge usage) as its call
     settles: a batch cancelled midway (a job cancelled, a client gone) still counts the
-    checks and the judge calls that were made, and paid for."""
-    return await run_stamped(calls, executor, _record, progress, on_call_done, cache)
+    checks and the judge calls that were made, and paid for. ``beside``: calls that ride
+    along uncached and uncounted (the canaries); their results follow the calls'."""
+    return await run_stamped(calls, executor, _record, progress, on_call_done, cache, beside)
 
 
 def _record(call: VerifyCall, result: CallResult) -> None:
@@ -159,14 +160,19 @@ async def run_verifiers(flat: FlatBatch, specs: Sequence[RewardSpec], executor: 
                         settings: Settings, progress: ProgressCallback | None,
                         on_group: GroupCallback | None = None,
                         batch: BatchContext | None = None,
-                        cache: CacheView | None = None) -> list[Column]:
+                        cache: CacheView | None = None,
+                        beside: Sequence[VerifyCall] = ()
+                        ) -> tuple[list[Column], list[CallResult]]:
     """Every verifier component as a column; ``progress`` counts checks (rollout x
-    component) as their groups finish; ``on_group`` hears of each finished group."""
+    component) as their groups finish; ``on_group`` hears of each finished group. With
+    the results of the calls run ``beside`` the batch's (the canaries')."""
     calls = await heavy.offload(plan, flat, specs, settings, batch)  # O(rollouts)
     hook = _group_hook(flat, len(specs), on_group) if on_group is not None else None
-    results = await run_calls(calls, executor, progress, hook, cache)
-    return await heavy.offload(
-        lambda: verifier_columns(specs, rollout_major(calls, results, len(specs))))
+    results = await run_calls(calls, executor, progress, hook, cache, beside)
+    own, extra = results[:len(calls)], results[len(calls):]
+    columns = await heavy.offload(
+        lambda: verifier_columns(specs, rollout_major(calls, own, len(specs))))
+    return columns, extra
 
 
 def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> CallDoneCallback:
@@ -246,14 +252,9 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
         flat = await heavy.offload(validated, req, settings)
         batch = BatchContext.of(req)
         watch = await heavy.offload(plan_canaries, req, flat, settings, batch)
-        beside = asyncio.ensure_future(canaries.run(watch, executor)) if watch else None
-        try:
-            columns = await run_verifiers(flat, req.rewards, executor, settings, progress,
-                                          on_group, batch, cache)
-            watched = await beside if beside is not None else []
-        finally:
-            if beside is not None and not beside.done():
-                beside.cancel()
+        columns, watched = await run_verifiers(flat, req.rewards, executor, settings,
+                                               progress, on_group, batch, cache,
+                                               [c.call for c in watch])
 
         def finish() -> dict[str, Any]:
             with gc_paused():

@@ -109,17 +109,24 @@ async def _look_up(stamped: Sequence[StampedCall], cache: CacheView) -> None:
 async def run_stamped(calls: Sequence[VerifyCall], executor: Executor,
                       observe: Observer, progress: ProgressCallback | None = None,
                       on_call_done: CallDoneCallback | None = None,
-                      cache: CacheView | None = None) -> list[CallResult]:
+                      cache: CacheView | None = None,
+                      beside: Sequence[VerifyCall] = ()) -> list[CallResult]:
     """Run ``calls`` (results in their order), answering from ``cache`` what it holds;
-    ``observe`` hears of the checks that ran, ``on_call_done`` of every call as it settles."""
-    stamped = await heavy.offload(lambda: [StampedCall.of(call) for call in calls])
+    ``observe`` hears of the checks that ran, ``on_call_done`` of every call as it settles.
+
+    ``beside``: calls that ride in the same executor run (one flow, one round trip: the
+    batch's canaries) but are not the batch's: never answered from or kept in the cache,
+    never observed, never in ``progress`` or ``on_call_done``; their results follow the
+    calls' in the list returned."""
+    stamped = await heavy.offload(lambda: [StampedCall.of(call) for call in (*calls, *beside)])
+    own = len(calls)
     if cache is not None and cache.enabled:
-        await _look_up(stamped, cache)
-    results: list[CallResult | None] = [None] * len(calls)
+        await _look_up(stamped[:own], cache)
+    results: list[CallResult | None] = [None] * len(stamped)
     todo: list[tuple[int, list[int] | None]] = []
     pending: list[VerifyCall] = []
     for index, sc in enumerate(stamped):
-        if sc.answered:
+        if sc.answered:  # never a call beside: the cache was not asked about those
             results[index] = sc.merge(None, None)
             if progress is not None:
                 progress(len(sc.call.samples))
@@ -133,6 +140,9 @@ async def run_stamped(calls: Sequence[VerifyCall], executor: Executor,
         pending.append(call)
 
     observed: set[int] = set()
+    # with calls beside, progress is told per settled call of the batch's own (the executor
+    # would count the others' samples too)
+    counted = progress if beside else None
 
     def land(position: int, ran: CallResult) -> int:
         """Record the checks of pending call ``position`` once, and its whole call's
@@ -140,22 +150,26 @@ async def run_stamped(calls: Sequence[VerifyCall], executor: Executor,
         index, missing = todo[position]
         if position not in observed:
             observed.add(position)
-            observe(pending[position], ran)
+            if index < own:
+                observe(pending[position], ran)
+                if counted is not None:
+                    counted(len(pending[position].samples))
         if results[index] is None:
             results[index] = stamped[index].merge(ran, missing)
         return index
 
     def settled(position: int, ran: CallResult) -> None:
         index = land(position, ran)
-        if on_call_done is not None:
+        if on_call_done is not None and index < own:
             on_call_done(index, results[index])
 
-    ran_all = await executor.run(pending, progress, settled) if pending else []
+    ran_all = (await executor.run(pending, None if beside else progress, settled)
+               if pending else [])
     for position, ran in enumerate(ran_all):  # an executor that reported no settled call
         land(position, ran)
     final = [result for result in results if result is not None]
     if cache is not None and cache.enabled:
-        await cache.put_many([kept for sc, result in zip(stamped, final)
+        await cache.put_many([kept for sc, result in zip(stamped[:own], final)
                               for kept in sc.fresh_verdicts(result)])
     return final
 

@@ -152,8 +152,10 @@ async def score_each(samples: Sequence[SampleIn], config: CompatConfig, runtime:
 
 
 def rewards_request(samples: Sequence[SampleIn], config: CompatConfig) -> RewardsRequest:
-    """The /v1/rewards request of ``samples``, each a one-rollout group (CPU-bound)."""
-    return validate_model(RewardsRequest, {"rewards": config.rewards, "groups": [
+    """The /v1/rewards request of ``samples``, each a one-rollout group (CPU-bound). No
+    canaries: the protocols answer per-sample rewards, with no summary to report them in."""
+    return validate_model(RewardsRequest, {"rewards": config.rewards, "canaries": False,
+                                           "groups": [
         {"group_id": str(i), "prompt": s.prompt, "reference": s.reference,
          "rollouts": [{"rollout_id": str(i), "completion": s.completion}]}
         for i, s in enumerate(samples)]})

@@ -1,6 +1,6 @@
 """Benchmark: what canaries cost a training step (issue 30; target under 3%).
 
-    .venv/bin/python tests/benchmarks/bench_canaries.py [--steps 9] [--rate 0.02]
+    .venv/bin/python tests/benchmarks/bench_canaries.py [--steps 25] [--rate 0.02]
 
 One real ``rewardd serve --pool-size 2``; each step posts the same batch twice, once with
 ``"canaries": false`` and once with canaries at ``--rate`` (the server's default, 0.02),
@@ -78,7 +78,7 @@ def run(workload: str, steps: int, rate: float, url: str) -> list[Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rate", type=float, default=0.02)
     args = parser.parse_args()
     with running_server("--pool-size", "2", env={"REWARDD_RECORD_RUNS": "false"}) as url:

@@ -262,3 +262,23 @@ def test_the_run_record_keeps_the_batch_report_on_its_first_rollout() -> None:
     records = batch_records("t", "exp-1", 3, req.groups, out, Settings(), 0.0)
     assert records[0].summary["canaries"] == out["summary"]["canaries"]
     assert all("canaries" not in r.summary for r in records[1:])
+
+
+def test_canaries_ride_in_the_batch_executor_run_and_not_in_its_progress() -> None:
+    """One executor run per batch (one fair-queue flow, one round trip), and a job's
+    progress counts the batch's checks only."""
+    class Counting(InlineExecutor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.runs: list[int] = []
+
+        async def run(self, calls: Any, progress: Any = None, on_call_done: Any = None) -> Any:
+            self.runs.append(len(calls))
+            return await super().run(calls, progress, on_call_done)
+
+    executor, done = Counting(), []
+    req = body({"answer": "42"}, ["\\boxed{42}", "1", "2"], groups=2, canaries={"rate": 1.0})
+    out = asyncio.run(pipeline.score(req, executor, Settings(), progress=done.append))
+    assert executor.runs == [2 + 2]  # the batch's 2 calls and 2 canaries, together
+    assert sum(done) == 6  # 2 groups x 3 rollouts
+    assert out["summary"]["canaries"]["correct"]["passed"] == 4
