@@ -2,10 +2,11 @@
 
 A batch is recorded when its request names a ``run_id`` (and REWARDD_RECORD_RUNS is on):
 :meth:`Recorder.record_batch` hands the request's groups and the response the trainer gets to
-the writer (:mod:`.writer`), whose thread turns them into one
-:class:`~rewardd.service.records.models.RolloutRecord` per rollout and writes them: the request
-pays one append (measured: building the records of a 512-rollout answer took 9.5 ms, 5% of the
-request, when it ran on the request's thread). The response must not change afterwards: every
+the writer (:mod:`.writer`), whose thread turns them into one row per rollout
+(:func:`batch_rows`: a :class:`~rewardd.service.records.store.RolloutRow`, the table's layout
+with its JSON documents serialized once, about 2.5 ms of CPU per 512 rollouts) and writes them:
+the request pays one append (measured: building the records of a 512-rollout answer took
+9.5 ms, 5% of the request, when it ran on the request's thread). The response must not change afterwards: every
 path renders or stores it as it is. The database is opened on first use, not when the app starts: an app that never sees
 a ``run_id`` never touches it, and a database that is down at start costs nothing until then
 (the writer retries; queries answer 503).
@@ -18,12 +19,11 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from rewardd.service.records.models import (OK, ComponentInput, GroupInputs, Retention,
-                                            RolloutRecord, Verdict)
-from rewardd.service.records.store import RecordStore
+from rewardd.service.records.models import FAILED, OK, ComponentInput, GroupInputs, Retention
+from rewardd.service.records.store import RecordStore, RolloutRow, dumps
 from rewardd.service.records.writer import DropCounter, RecordWriter, WriterHealth
 from rewardd.service.settings import Settings
 from rewardd.verifiers.receipts import digest
@@ -100,7 +100,7 @@ class Recorder:
         now, settings = time.time(), self.settings
         components = tuple(ComponentInput(spec.name, spec.verifier, spec.params, spec.timeout_s)
                            for spec in rewards)
-        return self.writer().submit_batch(count, lambda: batch_records(
+        return self.writer().submit_batch(count, lambda: batch_rows(
             tenant, run_id, step, groups, body, settings, now, components, evaluation),
             size, owner=tenant)
 
@@ -145,37 +145,52 @@ class TenantRecorder:
             return 0
 
 
-def batch_records(tenant: str, run_id: str, step: int | None, groups: Sequence[Any],
-                  body: Mapping[str, Any], settings: Settings, now: float,
-                  components: tuple[ComponentInput, ...] = (),
-                  evaluation: bool = False) -> list[RolloutRecord]:
-    """One record per rollout of ``body`` (a scoring response), with the completion kept as
+def batch_rows(tenant: str, run_id: str, step: int | None, groups: Sequence[Any],
+               body: Mapping[str, Any], settings: Settings, now: float,
+               components: tuple[ComponentInput, ...] = (),
+               evaluation: bool = False) -> list[RolloutRow]:
+    """One row per rollout of ``body`` (a scoring response), laid out as the store writes it
+    (:class:`~rewardd.service.records.store.RolloutRow`: what a
+    :class:`~rewardd.service.records.models.RolloutRecord` of it would be, with its JSON
+    documents serialized once, here), with the completion kept as
     REWARDD_RECORD_COMPLETIONS says, and beside a kept completion its group's inputs (what
     replay runs again; none without verifier ``components``)."""
-    records: list[RolloutRecord] = []
+    policy, rate = settings.record_completions, settings.record_sample_rate
+    rows: list[RolloutRow] = []
     canaries = (body.get("summary") or {}).get("canaries")
+    append = rows.append
     for group, answered in zip(groups, body.get("groups") or ()):
         source = group.source or group.data_source
+        group_id = group.group_id
         inputs = _Inputs(group, components, evaluation)
         for rollout, item in zip(group.rollouts, answered["rollouts"]):
-            verdicts = tuple(_verdict(name, item["rewards"].get(name), entry)
-                             for name, entry in item["status"].items())
-            record = RolloutRecord(
-                tenant=tenant, run_id=run_id, group_id=group.group_id,
-                rollout_id=rollout.rollout_id, verdicts=verdicts, recorded_at=now, step=step,
-                source=source, summary=_summary(item, None if records else canaries),
-                num_tokens=item.get("num_tokens"),
-                zero_advantage=_all_zero(item.get("advantages")))
-            completion = rollout.completion
-            if completion is not None and _keeps_completion(record, settings):
-                record = _with_completion(record, completion, inputs.get())
-            records.append(record)
-    return records
-
-
-def _verdict(component: str, reward: float | None, entry: Mapping[str, Any]) -> Verdict:
-    outcome = OK if entry.get("ok") else str(entry.get("error") or "failed")
-    return Verdict(component, reward, outcome, entry)
+            rewards, status = item["rewards"], item["status"]
+            verdicts = []
+            kept_rewards: dict[str, Any] = {}
+            kept_status: dict[str, Any] = {}
+            for name, entry in status.items():
+                reward = rewards.get(name)
+                outcome = OK if entry.get("ok") else str(entry.get("error") or "failed")
+                verdicts.append((name, reward, outcome))
+                kept_rewards[name] = reward
+                kept_status[name] = {"outcome": outcome,
+                                     "entry": entry if type(entry) is dict else dict(entry)}
+            outcome = OK if all(v[2] == OK for v in verdicts) else FAILED
+            completion, kept = rollout.completion, None
+            if completion is not None and _keeps_completion(
+                    policy, rate, outcome, verdicts, (tenant, run_id, group_id,
+                                                      rollout.rollout_id)):
+                kept = inputs.row()
+            else:
+                completion = None
+            append(RolloutRow(
+                (tenant, run_id, step, source, group_id, rollout.rollout_id, now, outcome,
+                 dumps(kept_rewards), dumps(kept_status),
+                 dumps(_summary(item, None if rows else canaries)), completion,
+                 item.get("num_tokens"), _all_zero(item.get("advantages")),
+                 kept[0] if kept is not None else None),
+                tuple(verdicts), kept))
+    return rows
 
 
 def _summary(item: Mapping[str, Any], canaries: Any = None) -> dict[str, Any]:
@@ -209,28 +224,24 @@ def _all_zero(advantages: Any) -> bool | None:
     return None
 
 
-def _keeps_completion(record: RolloutRecord, settings: Settings) -> bool:
-    policy = settings.record_completions
+def _keeps_completion(policy: str, rate: float, outcome: str,
+                      verdicts: Sequence[tuple[str, float | None, str]],
+                      identity: tuple[str, str, str, str]) -> bool:
     if policy == "all":
         return True
     if policy == "failed":
-        return record.outcome != OK or any(v.reward == 0 for v in record.verdicts)
+        return outcome != OK or any(reward == 0 for _, reward, _ in verdicts)
     if policy == "sample":
-        return sampled(record, settings.record_sample_rate)
+        return sampled(identity, rate)
     return False
 
 
-def sampled(record: RolloutRecord, rate: float) -> bool:
-    """The same rollouts on every pod and in every run of the batch: a hash of the rollout's
-    identity, not a random draw."""
-    key = "\x1f".join((record.tenant, record.run_id, record.group_id, record.rollout_id))
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+def sampled(identity: tuple[str, str, str, str], rate: float) -> bool:
+    """Whether the rollout ``(tenant, run_id, group_id, rollout_id)`` keeps its completion at
+    ``rate``: the same rollouts on every pod and in every run of the batch, a hash of the
+    rollout's identity, not a random draw."""
+    digest = hashlib.blake2b("\x1f".join(identity).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") < rate * 2.0 ** 64
-
-
-def _with_completion(record: RolloutRecord, completion: str,
-                     inputs: GroupInputs | None) -> RolloutRecord:
-    return replace(record, completion=completion, inputs=inputs)
 
 
 class _Inputs:
@@ -240,13 +251,14 @@ class _Inputs:
     def __init__(self, group: Any, components: tuple[ComponentInput, ...],
                  evaluation: bool) -> None:
         self._group, self._components, self._evaluation = group, components, evaluation
-        self._built: GroupInputs | None = None
+        self._built: tuple[str, str] | None = None
 
-    def get(self) -> GroupInputs | None:
+    def row(self) -> tuple[str, str] | None:
+        """``(digest, document as JSON text)``, as :class:`RolloutRow` carries them."""
         if not self._components:
             return None
         if self._built is None:
             document = GroupInputs("", self._group.prompt or "", self._group.reference or {},
                                    self._components, self._evaluation).to_document()
-            self._built = GroupInputs.from_document(digest(document), document)
+            self._built = (digest(document), dumps(document))
         return self._built

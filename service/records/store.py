@@ -1,7 +1,10 @@
 """The record's one interface, :class:`RecordStore`: write rollouts, list runs, page through
 a run's rollouts, apply retention. SQLAlchemy Core, no ORM: the writes are bulk inserts and
 one upsert per run, the reads a few indexed selects; the same statements run on SQLite and
-PostgreSQL (the dialect only picks the upsert construct).
+PostgreSQL (the dialect only picks the upsert construct). The rollouts and verdicts of a write
+skip SQLAlchemy's per-row work and go to the driver as prepared rows
+(:meth:`RecordStore.write`: ``COPY`` on PostgreSQL, one ``executemany`` on SQLite; 4 to 6 ms
+of the writer thread's CPU per 512 rollouts instead of 16 to 37 ms).
 
 Layout of a rollout row: ``rewards`` is ``{component: reward}``, ``status`` is
 ``{component: {"outcome": ..., "entry": {...the response's status entry...}}}``; the
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -52,7 +55,7 @@ def database_url(url: str) -> URL:
         "postgresql://user@host:port/database or sqlite:///path/to/file")
 
 
-def _dumps(document: Any) -> str:
+def dumps(document: Any) -> str:
     """JSON columns through orjson (a 512-rollout write spent most of its time in the
     standard library's encoder); what orjson refuses (an integer beyond 64 bits) falls back."""
     try:
@@ -71,7 +74,7 @@ def create_record_engine(url: str) -> Engine:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args={"check_same_thread": False,
                                                      "timeout": 30},
-                               json_serializer=_dumps, json_deserializer=orjson.loads)
+                               json_serializer=dumps, json_deserializer=orjson.loads)
 
         @event.listens_for(engine, "connect")
         def _pragmas(connection: Any, _record: Any) -> None:
@@ -82,7 +85,7 @@ def create_record_engine(url: str) -> Engine:
         return engine
     return create_engine(parsed, pool_pre_ping=True, pool_size=4, max_overflow=4,
                          connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
-                         json_serializer=_dumps, json_deserializer=orjson.loads)
+                         json_serializer=dumps, json_deserializer=orjson.loads)
 
 
 class RecordStore:
@@ -91,6 +94,7 @@ class RecordStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._rollout_sequence: str | None = None
 
     @classmethod
     def open(cls, url: str) -> RecordStore:
@@ -113,26 +117,61 @@ class RecordStore:
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def write(self, records: Sequence[RolloutRecord]) -> None:
-        """Store ``records`` in one transaction (all or none)."""
+    def write(self, records: Sequence[RolloutRecord | RolloutRow]) -> None:
+        """Store ``records`` in one transaction (all or none), in their order (their ids
+        ascend with it). A :class:`RolloutRow` is a record already in the table's layout (what
+        the writer thread builds); a :class:`RolloutRecord` is laid out here.
+
+        The rows go to the driver as they are, with no statement compiled per row: on
+        PostgreSQL ``COPY ... FROM STDIN`` with ids drawn from the table's sequence first, on
+        SQLite one ``executemany`` with ids numbered from the first row's (the transaction
+        holds SQLite's write lock from its first insert, so another process writing the same
+        file waits and numbers after it). :meth:`write_statements` is the same write as plain
+        SQLAlchemy statements."""
         if not records:
             return
+        rows = [r if type(r) is RolloutRow else rollout_row(r) for r in records]
         with self.engine.begin() as connection:
-            kept = {r.inputs.digest: r.inputs for r in records if r.inputs is not None}
+            driver = connection.connection.driver_connection
+            if self.dialect == "postgresql":
+                _copy_postgresql(driver, rows, self._sequence(driver))
+            else:
+                _insert_sqlite(driver, rows)
+            for values in _run_counters(rows):
+                connection.execute(self._upsert_run(values))
+
+    def _sequence(self, driver: Any) -> str:
+        """The sequence numbering ``rollouts.id`` (its name, looked up once)."""
+        if self._rollout_sequence is None:
+            self._rollout_sequence = driver.execute(
+                "SELECT pg_get_serial_sequence('rollouts', 'id')").fetchone()[0]
+        return self._rollout_sequence
+
+    def write_statements(self, records: Sequence[RolloutRecord | RolloutRow]) -> None:
+        """:meth:`write` through SQLAlchemy Core statements (inserts with ``RETURNING``, one
+        round of parameter processing per row): slower, and what :meth:`write`'s driver paths
+        are tested against."""
+        if not records:
+            return
+        rows = [r if type(r) is RolloutRow else rollout_row(r) for r in records]
+        with self.engine.begin() as connection:
+            kept = _inputs_rows(rows)
             if kept:
                 connection.execute(self._insert_new(inputs), [
-                    {"tenant": tenant, "digest": digest, "document": kept[digest].to_document()}
-                    for tenant, digest in sorted({(r.tenant, r.inputs.digest) for r in records
-                                                  if r.inputs is not None})])
+                    {"tenant": tenant, "digest": digest, "document": json.loads(document)}
+                    for tenant, digest, document in kept])
             ids = connection.execute(
                 insert(rollouts).returning(rollouts.c.id, sort_by_parameter_order=True),
-                [_rollout_row(record) for record in records]).scalars().all()
-            rows = [{"rollout": rid, "component": v.component, "reward": v.reward,
-                     "outcome": v.outcome} for rid, record in zip(ids, records)
-                    for v in record.verdicts]
-            if rows:
-                connection.execute(insert(verdicts), rows)
-            for values in _run_counters(records):
+                [{**dict(zip(ROW_COLUMNS, row.values)),
+                  **{name: json.loads(row.values[i]) for i, name in _DOCUMENTS}}
+                 for row in rows]).scalars().all()
+            verdict_rows = [{"rollout": rid, "component": component, "reward": reward,
+                             "outcome": outcome}
+                            for rid, row in zip(ids, rows)
+                            for component, reward, outcome in row.verdicts]
+            if verdict_rows:
+                connection.execute(insert(verdicts), verdict_rows)
+            for values in _run_counters(rows):
                 connection.execute(self._upsert_run(values))
 
     def _insert_new(self, table: Any) -> Any:
@@ -302,33 +341,132 @@ class RecordStore:
         return deleted
 
 
-def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
-    return {"tenant": record.tenant, "run_id": record.run_id, "step": record.step,
-            "source": record.source, "group_id": record.group_id,
-            "rollout_id": record.rollout_id, "recorded_at": record.recorded_at,
-            "outcome": record.outcome,
-            "rewards": {v.component: v.reward for v in record.verdicts},
-            "status": {v.component: {"outcome": v.outcome, "entry": dict(v.status)}
-                       for v in record.verdicts},
-            "summary": dict(record.summary) if record.summary is not None else None,
-            "completion": record.completion, "num_tokens": record.num_tokens,
-            "zero_advantage": record.zero_advantage,
-            "inputs": record.inputs.digest if record.inputs is not None else None}
+ROW_COLUMNS = ("tenant", "run_id", "step", "source", "group_id", "rollout_id", "recorded_at",
+               "outcome", "rewards", "status", "summary", "completion", "num_tokens",
+               "zero_advantage", "inputs")
+"""The ``rollouts`` columns a :class:`RolloutRow` holds (all but ``id``), in its order."""
+_DOCUMENTS = tuple((ROW_COLUMNS.index(name), name) for name in ("rewards", "status", "summary"))
+_TENANT, _RUN, _STEP, _RECORDED_AT = (ROW_COLUMNS.index(name)
+                                      for name in ("tenant", "run_id", "step", "recorded_at"))
 
 
-def _run_counters(records: Iterable[RolloutRecord]) -> list[dict[str, Any]]:
-    """One row of counters per (tenant, run) among ``records``."""
+@dataclass(slots=True)
+class RolloutRow:
+    """A rollout in the tables' layout, ready to write: ``values`` are the ``rollouts``
+    columns of :data:`ROW_COLUMNS` with the JSON documents (``rewards``, ``status``,
+    ``summary``) as JSON text; ``verdicts`` its ``(component, reward, outcome)`` rows;
+    ``inputs`` its group's ``(digest, document as JSON text)`` when it keeps them."""
+
+    values: tuple[Any, ...]
+    verdicts: tuple[tuple[str, float | None, str], ...]
+    inputs: tuple[str, str] | None = None
+
+
+def rollout_row(record: RolloutRecord) -> RolloutRow:
+    """``record`` laid out as it is stored (see the module doc)."""
+    kept = record.inputs
+    return RolloutRow(
+        (record.tenant, record.run_id, record.step, record.source, record.group_id,
+         record.rollout_id, record.recorded_at, record.outcome,
+         dumps({v.component: v.reward for v in record.verdicts}),
+         dumps({v.component: {"outcome": v.outcome, "entry": dict(v.status)}
+                for v in record.verdicts}),
+         dumps(dict(record.summary) if record.summary is not None else None),
+         record.completion, record.num_tokens, record.zero_advantage,
+         kept.digest if kept is not None else None),
+        tuple((v.component, v.reward, v.outcome) for v in record.verdicts),
+        (kept.digest, dumps(kept.to_document())) if kept is not None else None)
+
+
+def _inputs_rows(rows: Sequence[RolloutRow]) -> list[tuple[str, str, str]]:
+    """``(tenant, digest, document)`` per distinct group inputs among ``rows``, in key order
+    (pods writing the same inputs at once take their row locks in one order)."""
+    kept = {(row.values[_TENANT], row.inputs[0]): row.inputs[1]
+            for row in rows if row.inputs is not None}
+    return [(tenant, digest, kept[tenant, digest]) for tenant, digest in sorted(kept)]
+
+
+_COLUMN_LIST = ", ".join(ROW_COLUMNS)
+_SQLITE_INPUTS = ("INSERT INTO inputs (tenant, digest, document) VALUES (?, ?, ?) "
+                  "ON CONFLICT DO NOTHING")
+_SQLITE_FIRST = (f"INSERT INTO rollouts ({_COLUMN_LIST}) "
+                 f"VALUES ({', '.join('?' * len(ROW_COLUMNS))})")
+_SQLITE_NEXT = (f"INSERT INTO rollouts (id, {_COLUMN_LIST}) "
+                f"VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))})")
+_SQLITE_VERDICTS = "INSERT INTO verdicts (rollout, component, reward, outcome) VALUES (?, ?, ?, ?)"
+
+
+def _insert_sqlite(driver: Any, rows: Sequence[RolloutRow]) -> None:
+    """``rows`` through the sqlite3 connection, in the caller's transaction. The first
+    rollout takes the next rowid (and the database's write lock, held to the commit: no
+    other connection inserts until then), the others the ids after it, given explicitly: a
+    rowid SQLite did not pick as the next one would be an integrity error, never a verdict
+    on another rollout."""
+    cursor = driver.cursor()
+    try:
+        kept = _inputs_rows(rows)
+        if kept:
+            cursor.executemany(_SQLITE_INPUTS, kept)
+        cursor.execute(_SQLITE_FIRST, rows[0].values)
+        if not driver.in_transaction:  # sqlite3 in autocommit: the lock would not be held
+            raise RuntimeError("the record's SQLite connection must open a transaction")
+        first = cursor.lastrowid
+        if len(rows) > 1:
+            cursor.executemany(_SQLITE_NEXT, [(first + i, *rows[i].values)
+                                              for i in range(1, len(rows))])
+        cursor.executemany(_SQLITE_VERDICTS, [
+            (first + i, *verdict) for i, row in enumerate(rows) for verdict in row.verdicts])
+    finally:
+        cursor.close()
+
+
+_PG_INPUTS = ("INSERT INTO inputs (tenant, digest, document) VALUES (%s, %s, %s::jsonb) "
+              "ON CONFLICT DO NOTHING")
+_PG_ROLLOUTS = f"COPY rollouts (id, {_COLUMN_LIST}) FROM STDIN"
+_PG_VERDICTS = "COPY verdicts (rollout, component, reward, outcome) FROM STDIN"
+
+
+def _copy_postgresql(driver: Any, rows: Sequence[RolloutRow], sequence: str) -> None:
+    """``rows`` through the psycopg connection, in the caller's transaction: their ids from
+    the sequence in one round trip (ascending in the rows' order), then one ``COPY`` for the
+    rollouts and one for their verdicts (text format: JSON documents go in as their text)."""
+    with driver.cursor() as cursor:
+        kept = _inputs_rows(rows)
+        if kept:
+            cursor.executemany(_PG_INPUTS, kept)
+        cursor.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)",
+                       (sequence, len(rows)))
+        ids = sorted(rid for rid, in cursor.fetchall())
+        with cursor.copy(_PG_ROLLOUTS) as copy:
+            write = copy.write_row
+            for rid, row in zip(ids, rows):
+                write((rid, *row.values))
+        with cursor.copy(_PG_VERDICTS) as copy:
+            write = copy.write_row
+            for rid, row in zip(ids, rows):
+                for verdict in row.verdicts:
+                    write((rid, *verdict))
+
+
+def _run_counters(rows: Iterable[RolloutRow]) -> list[dict[str, Any]]:
+    """One row of counters per (tenant, run) among ``rows``."""
     by_run: dict[tuple[str, str], dict[str, Any]] = {}
-    for record in records:
-        row = by_run.setdefault((record.tenant, record.run_id), {
-            "tenant": record.tenant, "run_id": record.run_id, "first_at": record.recorded_at,
-            "last_at": record.recorded_at, "last_step": record.step, "rollouts": 0})
-        row["rollouts"] += 1
-        row["first_at"] = min(row["first_at"], record.recorded_at)
-        row["last_at"] = max(row["last_at"], record.recorded_at)
-        if record.step is not None and (row["last_step"] is None
-                                        or record.step > row["last_step"]):
-            row["last_step"] = record.step
+    for row in rows:
+        values = row.values
+        tenant, run_id, step, at = (values[_TENANT], values[_RUN], values[_STEP],
+                                    values[_RECORDED_AT])
+        counters = by_run.get((tenant, run_id))
+        if counters is None:
+            by_run[tenant, run_id] = {"tenant": tenant, "run_id": run_id, "first_at": at,
+                                      "last_at": at, "last_step": step, "rollouts": 1}
+            continue
+        counters["rollouts"] += 1
+        if at < counters["first_at"]:
+            counters["first_at"] = at
+        if at > counters["last_at"]:
+            counters["last_at"] = at
+        if step is not None and (counters["last_step"] is None or step > counters["last_step"]):
+            counters["last_step"] = step
     return list(by_run.values())
 
 

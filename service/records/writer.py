@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from rewardd.service.records.models import RolloutRecord
-from rewardd.service.records.store import RecordStore
+from rewardd.service.records.store import RecordStore, RolloutRow
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
-"""Rollouts per transaction: big enough to amortise a round trip, small enough to keep one
-failed write cheap to retry."""
+BATCH = 2000
+"""Rollouts per transaction, at most: big enough that a scored batch of a few hundred
+rollouts is one transaction (its fixed cost: the run's upsert, the commit, on PostgreSQL the
+ids' round trip), small enough to keep one failed write cheap to retry."""
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
 
 PRUNE_EVERY_S = 600.0
@@ -60,7 +61,7 @@ class _Pending:
     """Accepted rollouts not yet turned into records: ``build`` runs in the writer thread."""
 
     count: int
-    build: Callable[[], Sequence[RolloutRecord]]
+    build: Callable[[], Sequence[RolloutRecord | RolloutRow]]
     size: int = 0
     """Bytes it holds, as the submitter estimated them (completions mostly)."""
     owner: str | None = None
@@ -98,7 +99,7 @@ class RecordWriter:
         self.batch = batch
         self._count_dropped = count_dropped or (lambda reason, n: None)
         self._inbox: deque[_Pending] = deque()
-        self._ready: list[RolloutRecord] = []
+        self._ready: list[RolloutRecord | RolloutRow] = []
         """Records built from the inbox, oldest first; only the writer thread touches it."""
         self._queued = 0
         """Rollouts accepted and not yet written (inbox and ready)."""
@@ -127,7 +128,8 @@ class RecordWriter:
         self._drop(len(records) - len(accepted))
         return len(accepted)
 
-    def submit_batch(self, count: int, build: Callable[[], Sequence[RolloutRecord]],
+    def submit_batch(self, count: int,
+                     build: Callable[[], Sequence[RolloutRecord | RolloutRow]],
                      size: int = 0, owner: str | None = None) -> int:
         """Queue ``count`` rollouts (about ``size`` bytes) whose records ``build`` makes
         later, in the writer thread (the request pays an append, not the records). All or

@@ -11,8 +11,8 @@ request at a time, so the machine's drift hits both alike. Reported: the median 
 of each, their ratio, and that every recorded rollout reached the database.
 
 Also, in this process, the recording work itself on one such answer, all of it in the writer
-thread: turning it into records (``batch_records``) and one transaction writing them
-(``RecordStore.write``) on SQLite.
+thread: turning it into rows (``batch_rows``) and one transaction writing them
+(``RecordStore.write``), on SQLite (or in the ``--postgres`` database, under another tenant).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rewardd.service.models import ScoreRequest  # noqa: E402
-from rewardd.service.records.recorder import batch_records  # noqa: E402
+from rewardd.service.records.models import ComponentInput  # noqa: E402
+from rewardd.service.records.recorder import batch_rows  # noqa: E402
 from rewardd.service.records.store import RecordStore  # noqa: E402
 from rewardd.service.settings import Settings  # noqa: E402
 from tests.support.server import running_server  # noqa: E402
@@ -66,25 +67,28 @@ def post(url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     return elapsed, response.json()
 
 
-def in_process_cost(answer: dict[str, Any], body: dict[str, Any], repeat: int = 5) -> str:
+def in_process_cost(answer: dict[str, Any], body: dict[str, Any], postgres: str | None,
+                    repeat: int = 5) -> str:
     settings = Settings(record_completions="all")
-    groups = ScoreRequest.model_validate(body).groups
+    request = ScoreRequest.model_validate(body)
+    components = tuple(ComponentInput(spec.name, spec.verifier, spec.params, spec.timeout_s)
+                       for spec in request.rewards)
     with tempfile.TemporaryDirectory() as tmp:
-        store = RecordStore.open(f"sqlite:///{tmp}/bench.sqlite3")
+        store = RecordStore.open(postgres or f"sqlite:///{tmp}/bench.sqlite3")
         build, write = [], []
         for _ in range(repeat):
             started = time.perf_counter()
-            records = batch_records("bench", body["run_id"], body["step"], groups, answer,
-                                    settings, time.time())
+            rows = batch_rows("bench-in-process", body["run_id"], body["step"], request.groups,
+                              answer, settings, time.time(), components)
             build.append(time.perf_counter() - started)
             started = time.perf_counter()
-            store.write(records)
+            store.write(rows)
             write.append(time.perf_counter() - started)
         store.close()
-    return (f"in process, one 512-rollout answer, both in the writer thread: batch_records "
+    return (f"in process, one 512-rollout answer, both in the writer thread: batch_rows "
             f"{statistics.median(build) * 1000:.1f} ms, "
-            f"RecordStore.write {statistics.median(write) * 1000:.1f} ms (the request pays one "
-            "append)")
+            f"RecordStore.write {statistics.median(write) * 1000:.1f} ms "
+            f"({'PostgreSQL' if postgres else 'SQLite'}; the request pays one append)")
 
 
 def main() -> None:
@@ -129,7 +133,7 @@ def main() -> None:
     print(f"| recording all | {on * 1000:.0f} ms | {on / off:.3f} |")
     print(f"recorded {view['record']['rollouts']} of {expected} rollouts")
     assert last is not None
-    print(in_process_cost(*last))
+    print(in_process_cost(*last, args.postgres))
 
 
 if __name__ == "__main__":

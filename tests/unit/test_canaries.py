@@ -15,11 +15,13 @@ import os
 import shutil
 from typing import Any, Iterator
 
+import orjson
 import pytest
 
 from rewardd.service import canaries, metrics, pipeline
 from rewardd.service.models import ScoreRequest, ScoreResponse
-from rewardd.service.records.recorder import batch_records
+from rewardd.service.records.recorder import batch_rows
+from rewardd.service.records.store import ROW_COLUMNS
 from rewardd.service.settings import Settings
 from rewardd.verifiers import REGISTRY
 from rewardd.verifiers.base import Outcome, Sample
@@ -259,9 +261,11 @@ def test_canaries_are_counted_by_verifier_source_kind_and_result() -> None:
 def test_the_run_record_keeps_the_batch_report_on_its_first_rollout() -> None:
     req = body({"ground_truth": "42"}, ["\\boxed{42}", "1"], groups=2, run_id="exp-1")
     out = score(req)
-    records = batch_records("t", "exp-1", 3, req.groups, out, Settings(), 0.0)
-    assert records[0].summary["canaries"] == out["summary"]["canaries"]
-    assert all("canaries" not in r.summary for r in records[1:])
+    rows = batch_rows("t", "exp-1", 3, req.groups, out, Settings(), 0.0)
+    at = ROW_COLUMNS.index("summary")
+    summaries = [orjson.loads(row.values[at]) for row in rows]
+    assert summaries[0]["canaries"] == out["summary"]["canaries"]
+    assert all("canaries" not in summary for summary in summaries[1:])
 
 
 def test_canaries_ride_in_the_batch_executor_run_and_not_in_its_progress() -> None:
