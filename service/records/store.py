@@ -15,6 +15,7 @@ order, so neither backend promises the written one).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import orjson
-from sqlalchemy import (Engine, and_, case, create_engine, delete, event, exists, func, insert,
+from sqlalchemy import (Engine, and_, bindparam, case, create_engine, delete, event, exists, func, insert,
                         select, text, update)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
@@ -138,7 +139,7 @@ class RecordStore:
             else:
                 _insert_sqlite(driver, rows)
             for values in _run_counters(rows):
-                connection.execute(self._upsert_run(values))
+                connection.execute(self._upsert_run, values)
 
     def _sequence(self, driver: Any) -> str:
         """The sequence numbering ``rollouts.id`` (its name, looked up once)."""
@@ -172,16 +173,19 @@ class RecordStore:
             if verdict_rows:
                 connection.execute(insert(verdicts), verdict_rows)
             for values in _run_counters(rows):
-                connection.execute(self._upsert_run(values))
+                connection.execute(self._upsert_run, values)
 
     def _insert_new(self, table: Any) -> Any:
         """An insert that skips rows whose key is already there (content-addressed rows)."""
         construct = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
         return construct(table).on_conflict_do_nothing()
 
-    def _upsert_run(self, values: dict[str, Any]) -> Any:
+    @functools.cached_property
+    def _upsert_run(self) -> Any:
+        """The upsert of a run's counters (built once: its parameters are bound per run)."""
         construct = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        statement = construct(runs).values(**values)
+        statement = construct(runs).values({column: bindparam(column) for column in (
+            "tenant", "run_id", "first_at", "last_at", "last_step", "rollouts")})
         new = statement.excluded
         return statement.on_conflict_do_update(
             index_elements=[runs.c.tenant, runs.c.run_id],
