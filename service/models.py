@@ -54,6 +54,23 @@ class CanarySpec(Contract):
         "REWARDD_CANARY_RATE.")
 
 
+class AuditSpec(RewardSpec):
+    """An audit component (docs/audit.md): a reward component in the `rewards` shape, scored
+    on a share of the rollouts beside the batch, recorded and reported, never part of rewards
+    or advantages (`weight` and `fallback` are not used)."""
+
+    rate: float = Field(gt=0.0, le=1.0, description="Share of the rollouts audited: each "
+                        "rollout is audited or not by a hash of its run, step, group and "
+                        "rollout ids and this component's name (the same rollouts on any pod).")
+
+
+AUDIT_DESCRIPTION = ("Audit components (docs/audit.md): scored on a share of the rollouts "
+                     "(`rate`), recorded, reported in `summary.audit` (training-vs-audit "
+                     "agreement) and per rollout in `audit`; never part of rewards or "
+                     "advantages.")
+MAX_AUDIT_COMPONENTS = 8
+
+
 CANARIES_DESCRIPTION = ("Canaries (docs/canaries.md): true (default: the server's "
                         "REWARDD_CANARY_RATE), false (none), or {\"rate\": share of groups}. "
                         "They never change rewards or advantages; results go to "
@@ -76,6 +93,8 @@ class ScoreRequest(Contract):
     cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
                         "(false: every check runs).")
     canaries: bool | CanarySpec = Field(True, description=CANARIES_DESCRIPTION)
+    audit: list[AuditSpec] = Field(default_factory=list, max_length=MAX_AUDIT_COMPONENTS,
+                                   description=AUDIT_DESCRIPTION)
 
 
 class RewardsRequest(Contract):
@@ -89,6 +108,8 @@ class RewardsRequest(Contract):
     cache: bool = Field(True, description="Let the verdict cache answer checks it has seen "
                         "(false: every check runs).")
     canaries: bool | CanarySpec = Field(True, description=CANARIES_DESCRIPTION)
+    audit: list[AuditSpec] = Field(default_factory=list, max_length=MAX_AUDIT_COMPONENTS,
+                                   description=AUDIT_DESCRIPTION)
 
 
 class VerifyRequest(Contract):
@@ -144,6 +165,12 @@ class CellStatus(BaseModel):
         "absent for a precomputed value).")
 
 
+class AuditVerdict(CellStatus):
+    """An audit component's verdict on one audited rollout."""
+
+    reward: float | None = Field(None, description="The audit reward (null when it failed).")
+
+
 class RunLength(BaseModel):
     """Run-length encoded advantages: decodes bit-for-bit to the dense array."""
 
@@ -169,6 +196,9 @@ class RolloutResult(BaseModel):
     excluded: bool = Field(
         False, description="A cell failed without fallback: the rollout left its group's "
         "baseline and its advantages are 0.")
+    audit: dict[str, AuditVerdict] | None = Field(
+        None, description="Verdicts of the audit components that audited this rollout "
+        "(absent when none did); never part of `reward` or the advantages.")
 
 
 class GroupDiagnostics(BaseModel):
@@ -207,6 +237,23 @@ class CanaryReport(CanaryCounts):
                                              "source (\"\": groups without one).")
 
 
+class AuditReport(BaseModel):
+    """One audit component over one batch: how its verdicts agree with the training reward."""
+
+    verifier: str
+    rate: float
+    rollouts: int = Field(description="Rollouts audited.")
+    failed: int = Field(description="Audited rollouts whose audit verdict failed.")
+    compared: int = Field(description="Audited rollouts with both an audit reward and a "
+                          "training reward (not excluded): what agreement is over.")
+    agreement: float | None = Field(description="Spearman rank correlation of the training "
+                                    "reward and the audit reward (null: under 3 compared, or "
+                                    "one side constant).")
+    mean_gap: float | None = Field(description="Mean of training reward minus audit reward.")
+    training_mean: float | None
+    audit_mean: float | None
+
+
 class Summary(BaseModel):
     rollouts: int
     groups: int
@@ -228,6 +275,9 @@ class Summary(BaseModel):
     canaries: dict[str, CanaryReport] | None = Field(
         None, description="Per canaried reward component, its canaries' results "
         "(docs/canaries.md); absent when none ran. Never part of rewards or advantages.")
+    audit: dict[str, AuditReport] | None = Field(
+        None, description="Per audit component, its agreement with the training reward "
+        "(docs/audit.md); absent without `audit`.")
 
 
 class CacheCounts(BaseModel):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from rewardd.service import canaries, heavy, metrics
+from rewardd.service import audit, canaries, heavy, metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
                             Rollout, ScoreRequest)
@@ -204,6 +204,21 @@ def plan_canaries(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings:
     return canaries.plan(flat, planner.specs, planner.timeouts, batch.for_group, rate)
 
 
+def plan_audits(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings: Settings,
+                batch: BatchContext) -> list[audit.AuditCall]:
+    """The batch's audit calls (:mod:`rewardd.service.audit`), planned with the batch's own
+    call planner (timeouts, group contexts); none without ``audit``."""
+    if not req.audit:
+        return []
+    planners = {spec.name: CallPlanner.of([spec], settings, batch) for spec in req.audit}
+
+    def make(spec: Any, group_id: str, prompt: str, reference: Mapping[str, Any],
+             rollouts: Sequence[Rollout]) -> VerifyCall:
+        return planners[spec.name].calls(group_id, prompt, reference, rollouts)[0]
+
+    return audit.plan(flat, req.audit, req.run_id, req.step, make)
+
+
 def check_request(req: ScoreRequest | RewardsRequest, settings: Settings) -> None:
     """The request's checks beyond its model (a 422 naming the field). CPU-bound (a 10^5-group
     batch: seconds; a request's regex is compiled): callers run it off the event loop."""
@@ -252,9 +267,11 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
         flat = await heavy.offload(validated, req, settings)
         batch = BatchContext.of(req)
         watch = await heavy.offload(plan_canaries, req, flat, settings, batch)
-        columns, watched = await run_verifiers(flat, req.rewards, executor, settings,
-                                               progress, on_group, batch, cache,
-                                               [c.call for c in watch])
+        audits = await heavy.offload(plan_audits, req, flat, settings, batch)
+        columns, beside = await run_verifiers(flat, req.rewards, executor, settings,
+                                              progress, on_group, batch, cache,
+                                              [c.call for c in (*watch, *audits)])
+        watched, audited = beside[:len(watch)], beside[len(watch):]
 
         def finish() -> dict[str, Any]:
             with gc_paused():
@@ -264,6 +281,7 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
                 found = canaries.report(watch, watched)
                 if found is not None:  # beside the rewards, never part of them
                     body["summary"]["canaries"] = found
+                audit.apply(body, req.audit, audits, audited)  # the same: beside them
                 if cache is not None:
                     body["diagnostics"] = {"cache": cache.diagnostics()}
                 if record is not None and req.run_id is not None:

@@ -22,13 +22,17 @@ from rewardd.verifiers import Verifier, get_verifier
 from rewardd.verifiers.structured_match import check_budget
 
 
-def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings) -> Iterator[dict]:
+def check_reward_specs(specs: Sequence[RewardSpec], settings: Settings,
+                       field: str = "rewards") -> Iterator[dict]:
+    """The components of ``rewards`` (or ``audit``: ``field``): unique names, a known
+    verifier with valid params, no segments, a timeout within the server's."""
     names: dict[str, int] = {}
     for k, spec in enumerate(specs):
-        loc: Loc = ("body", "rewards", k)
+        loc: Loc = ("body", field, k)
         if spec.name in names:
-            yield error(loc + ("name",), f"duplicate reward name {spec.name!r} "
-                        f"(first at rewards[{names[spec.name]}])")
+            kind = "reward" if field == "rewards" else field
+            yield error(loc + ("name",), f"duplicate {kind} name {spec.name!r} "
+                        f"(first at {field}[{names[spec.name]}])")
         names.setdefault(spec.name, k)
         try:
             verifier = get_verifier(spec.verifier)
@@ -144,7 +148,8 @@ def validate_score(req: ScoreRequest | RewardsRequest, settings: Settings) -> No
     with check_budget(settings.max_schema_check_cpu_s):
         raise_if(chain(check_groups(req.groups, tokens_needed_for(spec), size_limits(settings)),
                        check_reward_specs(req.rewards, settings),
-                       check_references(req.rewards, req.groups, settings),
+                       check_reward_specs(req.audit, settings, "audit"),
+                       check_references([*req.rewards, *req.audit], req.groups, settings),
                        check_component_names(req.rewards, req.groups),
                        check_advantage(spec, req.groups, req.run_id) if spec is not None
                        else ()))

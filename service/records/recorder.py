@@ -194,12 +194,16 @@ def batch_rows(tenant: str, run_id: str, step: int | None, groups: Sequence[Any]
 
 
 def _summary(item: Mapping[str, Any], canaries: Any = None) -> dict[str, Any]:
-    """The rollout's summary; the batch's first rollout also carries the batch's canary
-    report (``summary.canaries`` of the response: one per batch, not per rollout)."""
+    """The rollout's summary (with its audit verdicts, when audited); the batch's first
+    rollout also carries the batch's canary report (``summary.canaries`` of the response:
+    one per batch, not per rollout)."""
     summary: dict[str, Any] = {"reward": item.get("reward"),
                                "excluded": bool(item.get("excluded"))}
     if canaries:
         summary["canaries"] = canaries
+    audit = item.get("audit")
+    if audit:  # the audit components' verdicts on this rollout (never part of its reward)
+        summary["audit"] = audit
     advantages = item.get("advantages")
     if isinstance(advantages, (int, float)):  # output scalar
         summary["advantage_mean"] = float(advantages)
