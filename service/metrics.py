@@ -91,6 +91,9 @@ CANARIES = Counter("rewardd_canary_total",
                    "Canary probes (docs/canaries.md) by verifier, the group's source, kind "
                    "(accept: a correct verifier gives the full reward; reject: it does not) "
                    "and result (passed, failed).", ["verifier", "source", "kind", "result"])
+SENTINEL_ALERTS = Counter("rewardd_sentinel_alerts_total",
+                          "Alerts the sentinel raised (docs/sentinel.md), by signal: a run's "
+                          "policy may be gaming its reward.", ["signal"])
 SESSION_SWEEPS = Counter("rewardd_session_sweeps_total",
                          "Sweeps of the open sessions this API process made (group timeouts, "
                          "idle sessions, a dead pod's work): a sweep's cost is per session, "
@@ -527,6 +530,10 @@ def count_verdict_cache(verifier: str, hits: int, misses: int) -> None:
 
 def count_canary(verifier: str, source: str, kind: str, result: str) -> None:
     CANARIES.labels(verifier, source, kind, result).inc()
+
+
+def count_sentinel_alert(signal: str) -> None:
+    SENTINEL_ALERTS.labels(signal).inc()
 
 
 def count_records_written(count: int) -> None:

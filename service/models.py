@@ -254,6 +254,27 @@ class AuditReport(BaseModel):
     audit_mean: float | None
 
 
+class SentinelAlert(BaseModel):
+    """A sign that the run's policy may be gaming its reward (docs/sentinel.md)."""
+
+    signal: str = Field(description="audit_divergence | length_gaming | component_dominance "
+                        "| repeated_answer | hedging | lenient_fallback")
+    step: int = Field(description="The step at which it was raised (or, in an answer's "
+                      "summary, the newest step at which it held).")
+    onset: int | None = Field(None, description="Estimated first step of what it saw.")
+    value: float = Field(description="The signal's value there.")
+    threshold: float
+    message: str = Field(description="What was seen, in numbers.")
+    component: str | None = Field(None, description="The reward or audit component it is "
+                                  "about (component_dominance, audit_divergence).")
+
+
+class SentinelReport(BaseModel):
+    alerts: list[SentinelAlert] = Field(description="The alerts that held at the run's "
+                                        "newest recorded step.")
+    step: int | None = Field(description="That step.")
+
+
 class Summary(BaseModel):
     rollouts: int
     groups: int
@@ -278,6 +299,10 @@ class Summary(BaseModel):
     audit: dict[str, AuditReport] | None = Field(
         None, description="Per audit component, its agreement with the training reward "
         "(docs/audit.md); absent without `audit`.")
+    sentinel: SentinelReport | None = Field(
+        None, description="The sentinel's alerts on this run as of its newest recorded step "
+        "(a step behind this batch: recording is off the request path); absent without "
+        "`run_id` or before the run's first recorded batch was looked at.")
 
 
 class CacheCounts(BaseModel):

@@ -285,12 +285,27 @@ async def _verify_then_respond(req: ScoreRequest | RewardsRequest, spec: Advanta
                 if cache is not None:
                     body["diagnostics"] = {"cache": cache.diagnostics()}
                 if record is not None and req.run_id is not None:
+                    _add_sentinel(body, record, req.run_id)
                     record(req.run_id, req.step, flat.groups, body,  # queued, never raises
                            rewards=req.rewards, evaluation=req.evaluation)
                 return body
 
         # the advantage step is CPU-bound: off the event loop, so other requests keep flowing
         return await heavy.offload(finish)
+
+
+def _add_sentinel(body: dict[str, Any], record: BatchRecorder, run_id: str) -> None:
+    """``summary.sentinel``: the run's alerts as the record's sentinel last saw them (a
+    recorder that keeps none, an offline one say, adds nothing)."""
+    active = getattr(record, "active_alerts", None)
+    alerts = active(run_id) if active is not None else None
+    if alerts is None:
+        return
+    body["summary"]["sentinel"] = {
+        "step": max((a.step for a in alerts), default=None),
+        "alerts": [{"signal": a.signal, "step": a.step, "onset": a.onset, "value": a.value,
+                    "threshold": a.threshold, "message": a.message,
+                    "component": a.component} for a in alerts]}
 
 
 def advantages(req: AdvantagesRequest, runs: RunStore | None = None,

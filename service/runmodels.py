@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rewardd.service.models import SentinelAlert
+
 
 class RunInfo(BaseModel):
     run_id: str
@@ -30,6 +32,19 @@ class ComponentStepInfo(BaseModel):
     failures: dict[str, int] = Field(description="Failure kind -> rollouts.")
 
 
+class AuditStepInfo(BaseModel):
+    compared: int = Field(description="Audited rollouts with both rewards (kept per step: "
+                          "at most 2,048).")
+    agreement: float | None = Field(description="Spearman's rank correlation of the training "
+                                    "reward and the audit reward over the step.")
+    mean_gap: float | None = Field(description="Mean of training minus audit reward.")
+
+
+class CanaryStepInfo(BaseModel):
+    passed: int
+    failed: int
+
+
 class StepInfo(BaseModel):
     step: int | None
     rollouts: int
@@ -40,6 +55,34 @@ class StepInfo(BaseModel):
         None, description="Mean num_tokens of the rollouts that gave one.")
     zero_advantage_fraction: float | None = Field(
         None, description="Share of the rollouts with advantages whose advantages are all 0.")
+    reward_mean: float | None = Field(None, description="Mean combined reward (rollouts not "
+                                      "excluded).")
+    source_rewards: dict[str, float | None] = Field(
+        default_factory=dict, description="Mean combined reward per source ('' for none).")
+    audit: dict[str, AuditStepInfo] = Field(
+        default_factory=dict, description="Per audit component, its agreement with the "
+        "training reward over the step (docs/audit.md).")
+    canaries: dict[str, CanaryStepInfo] = Field(
+        default_factory=dict, description="Per reward component, its canaries over the step.")
+    signals: dict[str, float | None] = Field(
+        default_factory=dict, description="The sentinel's per-step statistics "
+        "(docs/sentinel.md): hedged_share, lenient_share, repeat_share, length_correlation.")
+
+
+class SignalInfo(BaseModel):
+    name: str
+    description: str
+    threshold: float
+
+
+class RunAlerts(BaseModel):
+    """GET /v1/runs/{run_id}/alerts: every alert the sentinel raised over the run's recorded
+    steps, oldest first, and the signals it watches (docs/sentinel.md)."""
+
+    run_id: str
+    steps: int = Field(description="Recorded steps the sentinel looked at.")
+    alerts: list[SentinelAlert]
+    signals: list[SignalInfo]
 
 
 class RunView(BaseModel):

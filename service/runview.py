@@ -18,8 +18,13 @@ from rewardd.service.errors import NotFound, Unavailable
 from rewardd.service.records.models import RolloutQuery, RunSummary, StoredRollout
 from rewardd.service.records.recorder import Recorder
 from rewardd.service.records.store import RecordStore
-from rewardd.service.runmodels import (ComponentStepInfo, RolloutInfo, RolloutPageBody,
-                                       RunInfo, RunList, RunView, StepInfo, VerdictInfo)
+from rewardd.service.models import SentinelAlert
+from rewardd.service.runmodels import (AuditStepInfo, CanaryStepInfo,
+                                       ComponentStepInfo, RolloutInfo, RolloutPageBody,
+                                       RunAlerts, RunInfo, RunList, RunView, SignalInfo,
+                                       StepInfo, VerdictInfo)
+from rewardd.service.sentinel import SIGNALS, Alert, evaluate
+from rewardd.service.stepstats import StepStats
 from rewardd.service.runstate import RunStore
 from rewardd.service.services import Services
 from rewardd.service.timestamps import iso
@@ -66,12 +71,15 @@ class RunRecords:
 
     async def _view(self, run_id: str, steps: int) -> RunView:
         state = await run_in_threadpool(self.runs.view, run_id)
-        record, summaries = None, []
+        record, summaries, stats = None, [], {}
         if self.recorder.enabled:
             store = await self.store()
             record = await run_in_threadpool(store.run, self.tenant, run_id)
             if record is not None and steps:
                 summaries = await run_in_threadpool(store.steps, self.tenant, run_id, steps)
+                wanted = [s.step for s in summaries if s.step is not None]
+                stats = dict(await run_in_threadpool(store.step_stats, self.tenant, run_id,
+                                                     wanted))
         if state is None and record is None:
             raise NotFound(f"run {run_id!r} has no state and no record (never seen, expired, "
                            "reset or pruned)")
@@ -84,8 +92,23 @@ class RunRecords:
                                            failures=dict(c.failures))
                                            for name, c in s.components.items()},
                                        sources=dict(s.sources), mean_length=s.mean_length,
-                                       zero_advantage_fraction=s.zero_advantage_fraction)
+                                       zero_advantage_fraction=s.zero_advantage_fraction,
+                                       **_from_stats(stats.get(s.step)))
                               for s in summaries])
+
+    async def alerts(self, run_id: str) -> RunAlerts:
+        """The sentinel over every recorded step of the run."""
+        store = await self.store()
+        with self._query():
+            if await run_in_threadpool(store.run, self.tenant, run_id) is None:
+                raise NotFound(f"run {run_id!r} has no record (never recorded, or pruned)")
+            series = await run_in_threadpool(store.step_stats, self.tenant, run_id)
+            numbered = [(step, stats) for step, stats in series if step is not None]
+            found = await run_in_threadpool(evaluate, numbered)
+        return RunAlerts(run_id=run_id, steps=len(numbered),
+                         alerts=[alert_body(a) for a in found],
+                         signals=[SignalInfo(name=s.name, description=s.description,
+                                             threshold=s.threshold) for s in SIGNALS])
 
     async def rollouts(self, run_id: str, query: RolloutQuery) -> RolloutPageBody:
         store = await self.store()
@@ -106,6 +129,33 @@ class RunRecords:
             raise Unavailable(f"the run record's database cannot be reached "
                               f"({type(exc).__name__}: {exc}); check REWARDD_DATABASE_URL "
                               "and the database, then retry") from exc
+
+
+def alert_body(alert: Alert) -> SentinelAlert:
+    return SentinelAlert(signal=alert.signal, step=alert.step, onset=alert.onset,
+                         value=alert.value, threshold=alert.threshold, message=alert.message,
+                         component=alert.component)
+
+
+def _from_stats(stats: StepStats | None) -> dict[str, Any]:
+    """The fields of a :class:`StepInfo` that come from the step's statistics (none for a
+    step recorded before they were kept)."""
+    if stats is None:
+        return {}
+    audit = {}
+    for name in stats.audit:
+        agreement = stats.agreement(name)
+        audit[name] = AuditStepInfo(compared=agreement.compared,
+                                    agreement=agreement.agreement,
+                                    mean_gap=agreement.mean_gap)
+    return {"reward_mean": stats.reward_mean, "source_rewards": stats.source_means(),
+            "audit": audit,
+            "canaries": {name: CanaryStepInfo(passed=p, failed=f)
+                         for name, (p, f) in stats.canaries.items()},
+            "signals": {"hedged_share": stats.hedged_share,
+                        "lenient_share": stats.lenient_share,
+                        "repeat_share": stats.repeat_share,
+                        "length_correlation": stats.length_correlation}}
 
 
 def _run_info(run: RunSummary) -> RunInfo:

@@ -21,7 +21,7 @@ from rewardd.service.models import ErrorResponse, JobSubmitted
 from rewardd.service.records.models import RolloutQuery
 from rewardd.service.records.store import MAX_PAGE
 from rewardd.service.replaymodels import ReverifyRequest
-from rewardd.service.runmodels import RolloutPageBody, RunList, RunView
+from rewardd.service.runmodels import RolloutPageBody, RunAlerts, RunList, RunView
 from rewardd.service.runview import DEFAULT_STEPS, RunRecords
 from rewardd.service.services import Services, ServicesDep
 from rewardd.service.tenancy import Tenant
@@ -87,6 +87,19 @@ async def run_rollouts(
     query = RolloutQuery(step=step, source=source, component=component, outcome=outcome,
                          text=q, after=after, limit=limit)
     return await records_of(services, tenant).rollouts(run_id, query)
+
+
+@router.get("/runs/{run_id}/alerts", summary="The sentinel's alerts", response_model=RunAlerts,
+            responses={**UNAVAILABLE, 404: {"model": ErrorResponse,
+                                            "description": "The run has no record."}})
+async def run_alerts(run_id: str, services: ServicesDep,
+                     tenant: Tenant = Depends(current_tenant)) -> RunAlerts:
+    """Every alert the sentinel raised over the run's recorded steps (reward gained by
+    length, hedged answers, lenient readings, one rewarded ending on many prompts, one
+    component taking over the reward, training reward diverging from an audit), each with
+    its step, estimated onset, value, threshold and message; and the signals' definitions
+    (docs/sentinel.md)."""
+    return await records_of(services, tenant).alerts(run_id)
 
 
 @router.post("/runs/{run_id}/reverify", status_code=202, response_model=None,

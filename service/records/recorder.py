@@ -25,10 +25,15 @@ from typing import Any, Callable, Mapping, Sequence
 from rewardd.service.records.models import FAILED, OK, ComponentInput, GroupInputs, Retention
 from rewardd.service.records.store import RecordStore, RolloutRow, dumps
 from rewardd.service.records.writer import DropCounter, RecordWriter, WriterHealth
+from rewardd.service import metrics, sentinel
 from rewardd.service.settings import Settings
+from rewardd.service.stepstats import batch_stats
 from rewardd.verifiers.receipts import digest
 
 log = logging.getLogger(__name__)
+
+MAX_WATCHED_RUNS = 10_000
+"""Runs whose active alerts a process remembers (the least recently written go first)."""
 
 ROLLOUT_OVERHEAD_BYTES = 2048
 """What a queued rollout holds besides its completion (its request and response objects),
@@ -46,6 +51,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._store: RecordStore | None = None
         self._writer: RecordWriter | None = None
+        self._active: dict[tuple[str, str], list[sentinel.Alert]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -70,7 +76,8 @@ class Recorder:
                                             self._count_dropped, on_written=self._count_written,
                                             prune=self.apply_retention,
                                             capacity_bytes=self.settings.record_queue_bytes,
-                                            owner_capacity=self.settings.record_tenant_queue)
+                                            owner_capacity=self.settings.record_tenant_queue,
+                                            after_write=self.watch)
             return self._writer
 
     @property
@@ -100,9 +107,35 @@ class Recorder:
         now, settings = time.time(), self.settings
         components = tuple(ComponentInput(spec.name, spec.verifier, spec.params, spec.timeout_s)
                            for spec in rewards)
+        weights = {spec.name: spec.weight for spec in rewards}
         return self.writer().submit_batch(count, lambda: batch_rows(
-            tenant, run_id, step, groups, body, settings, now, components, evaluation),
-            size, owner=tenant)
+            tenant, run_id, step, groups, body, settings, now, components, evaluation,
+            weights), size, owner=tenant)
+
+    def watch(self, store: RecordStore, written: Sequence[Any]) -> None:
+        """The sentinel on each run whose step statistics were just written (in the writer
+        thread): counts the alerts raised at the run's newest step
+        (``rewardd_sentinel_alerts_total``) and remembers the run's active ones, which the
+        run's next answers carry (``summary.sentinel``)."""
+        touched = {(row.values[0], row.values[1]) for row in written
+                   if getattr(row, "batch", None) is not None}
+        for tenant, run_id in sorted(touched):
+            series = [(step, stats) for step, stats in store.step_stats(
+                tenant, run_id, last=sentinel.WINDOW + 1) if step is not None]
+            newly, active = sentinel.latest(series)
+            for alert in newly:
+                metrics.count_sentinel_alert(alert.signal)
+            with self._lock:
+                self._active.pop((tenant, run_id), None)
+                self._active[tenant, run_id] = active
+                while len(self._active) > MAX_WATCHED_RUNS:
+                    self._active.pop(next(iter(self._active)))
+
+    def active_alerts(self, tenant: str, run_id: str) -> list[sentinel.Alert] | None:
+        """The alerts that held at the run's newest written step (None: not looked at in
+        this process)."""
+        with self._lock:
+            return self._active.get((tenant, run_id))
 
     def count_dropped(self, reason: str, rollouts: int) -> None:
         """Count ``rollouts`` the record could not keep (``rewardd_records_dropped_total``)."""
@@ -144,17 +177,23 @@ class TenantRecorder:
             self.recorder.count_dropped("error", sum(len(group.rollouts) for group in groups))
             return 0
 
+    def active_alerts(self, run_id: str) -> list[sentinel.Alert] | None:
+        return self.recorder.active_alerts(self.tenant, run_id)
+
 
 def batch_rows(tenant: str, run_id: str, step: int | None, groups: Sequence[Any],
                body: Mapping[str, Any], settings: Settings, now: float,
                components: tuple[ComponentInput, ...] = (),
-               evaluation: bool = False) -> list[RolloutRow]:
+               evaluation: bool = False,
+               weights: Mapping[str, float] | None = None) -> list[RolloutRow]:
     """One row per rollout of ``body`` (a scoring response), laid out as the store writes it
     (:class:`~rewardd.service.records.store.RolloutRow`: what a
     :class:`~rewardd.service.records.models.RolloutRecord` of it would be, with its JSON
     documents serialized once, here), with the completion kept as
     REWARDD_RECORD_COMPLETIONS says, and beside a kept completion its group's inputs (what
-    replay runs again; none without verifier ``components``)."""
+    replay runs again; none without verifier ``components``). The first row carries the
+    batch's step statistics (:func:`~rewardd.service.stepstats.batch_stats`; ``weights``:
+    the verifier components' weights, for their shares of the reward)."""
     policy, rate = settings.record_completions, settings.record_sample_rate
     rows: list[RolloutRow] = []
     canaries = (body.get("summary") or {}).get("canaries")
@@ -190,6 +229,10 @@ def batch_rows(tenant: str, run_id: str, step: int | None, groups: Sequence[Any]
                  item.get("num_tokens"), _all_zero(item.get("advantages")),
                  kept[0] if kept is not None else None),
                 tuple(verdicts), kept))
+    if rows:
+        stats = batch_stats(groups, body, weights if weights is not None else
+                            {c.name: 1.0 for c in components})
+        rows[0].batch = dumps(stats.to_document())
     return rows
 
 

@@ -1,7 +1,7 @@
 """The record's tables (SQLAlchemy Core). The migrations in ``migrations/versions`` create
 exactly these; ``tests/unit/test_records_store.py`` fails when the two drift apart.
 
-Why four tables: a run is listed without counting its rollouts (``runs`` keeps its counters),
+Why five tables (``batches``: see its doc): a run is listed without counting its rollouts (``runs`` keeps its counters),
 a rollout is filtered by component and outcome with an index rather than by reading JSON
 (``verdicts``: one row per rollout and reward component), and what replay needs of a group
 (its prompt, reference and reward components) is kept once however many rollouts share it
@@ -69,6 +69,22 @@ inputs = Table(
 )
 """What a group was scored from (:class:`~rewardd.service.records.models.GroupInputs`), for
 replay: kept only beside rollouts recorded with their completions."""
+
+batches = Table(
+    "batches", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("tenant", String(TENANT_LENGTH), nullable=False),
+    Column("run_id", String(NAME_LENGTH), nullable=False),
+    Column("step", Integer),
+    Column("recorded_at", Float, nullable=False),
+    Column("stats", Document, nullable=False),
+    Index("ix_batches_run_step", "tenant", "run_id", "step"),
+    Index("ix_batches_tenant_recorded", "tenant", "recorded_at"),
+)
+"""One row per recorded batch: its :class:`~rewardd.service.stepstats.StepStats` (counts and
+sums; a step's are the sum of its batches'), what the sentinel and the step charts read
+instead of the rollouts."""
 
 verdicts = Table(
     "verdicts", metadata,

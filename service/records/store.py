@@ -23,16 +23,17 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import orjson
-from sqlalchemy import (Engine, and_, bindparam, case, create_engine, delete, event, exists, func, insert,
+from sqlalchemy import (Engine, and_, or_, bindparam, case, create_engine, delete, event, exists, func, insert,
                         select, text, update)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
 from rewardd.service.records.migrate import upgrade
+from rewardd.service.stepstats import StepStats
 from rewardd.service.records.models import (FAILED, OK, ComponentStep, GroupInputs, Retention,
                                             RolloutPage, RolloutQuery, RolloutRecord,
                                             RunSummary, StepSummary, StoredRollout, Verdict)
-from rewardd.service.records.schema import inputs, rollouts, runs, verdicts
+from rewardd.service.records.schema import batches, inputs, rollouts, runs, verdicts
 
 MAX_PAGE = 1000
 CONNECT_TIMEOUT_S = 5
@@ -138,6 +139,12 @@ class RecordStore:
                 _copy_postgresql(driver, rows, self._sequence(driver))
             else:
                 _insert_sqlite(driver, rows)
+            stats = _batch_rows(rows)
+            if stats and self.dialect == "postgresql":
+                with driver.cursor() as cursor:
+                    cursor.executemany(_PG_BATCHES, stats)
+            elif stats:
+                driver.executemany(_SQLITE_BATCHES, stats)
             for values in _run_counters(rows):
                 connection.execute(self._upsert_run, values)
 
@@ -172,6 +179,12 @@ class RecordStore:
                             for component, reward, outcome in row.verdicts]
             if verdict_rows:
                 connection.execute(insert(verdicts), verdict_rows)
+            stats = _batch_rows(rows)
+            if stats:
+                connection.execute(insert(batches), [
+                    {"tenant": tenant, "run_id": run_id, "step": step, "recorded_at": at,
+                     "stats": json.loads(document)}
+                    for tenant, run_id, step, at, document in stats])
             for values in _run_counters(rows):
                 connection.execute(self._upsert_run, values)
 
@@ -267,6 +280,29 @@ class RecordStore:
                 .group_by(rollouts.c.step, verdicts.c.component, verdicts.c.outcome)).all()
         return [_step_summary(step, counts, scored) for step in wanted]
 
+    def step_stats(self, tenant: str, run_id: str, steps: Sequence[int] | None = None,
+                   last: int | None = None) -> list[tuple[int | None, StepStats]]:
+        """The run's step statistics (its batches' added up per step), oldest step first
+        (the unnumbered step last); only ``steps`` when given, only the ``last`` numbered
+        steps with ``last``."""
+        in_run = and_(batches.c.tenant == tenant, batches.c.run_id == run_id)
+        query = select(batches.c.step, batches.c.stats).where(in_run).order_by(batches.c.id)
+        if steps is not None:
+            query = query.where(batches.c.step.in_(list(steps)))
+        if last is not None:
+            recent = (select(batches.c.step).where(in_run, batches.c.step.is_not(None))
+                      .group_by(batches.c.step).order_by(batches.c.step.desc()).limit(last))
+            query = query.where(batches.c.step.in_(recent))
+        merged: dict[int | None, StepStats] = {}
+        with self.engine.connect() as connection:
+            for step, document in connection.execute(query):
+                part = StepStats.from_document(document)
+                if step in merged:
+                    merged[step].merge(part)
+                else:
+                    merged[step] = part
+        return sorted(merged.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+
     def replay_counts(self, tenant: str, run_id: str,
                       steps: tuple[int, int] | None = None) -> tuple[int, int]:
         """(rollouts of the run within ``steps``, those replay can re-score: recorded with
@@ -342,6 +378,14 @@ class RecordStore:
                     inputs.c.tenant == tenant,
                     ~exists().where(rollouts.c.tenant == inputs.c.tenant,
                                     rollouts.c.inputs == inputs.c.digest)))
+                # a batch's statistics go with the last of its run's rollouts of its step
+                connection.execute(delete(batches).where(
+                    batches.c.tenant == tenant,
+                    ~exists().where(rollouts.c.tenant == batches.c.tenant,
+                                    rollouts.c.run_id == batches.c.run_id,
+                                    or_(rollouts.c.step == batches.c.step,
+                                        and_(rollouts.c.step.is_(None),
+                                             batches.c.step.is_(None))))))
         return deleted
 
 
@@ -359,11 +403,14 @@ class RolloutRow:
     """A rollout in the tables' layout, ready to write: ``values`` are the ``rollouts``
     columns of :data:`ROW_COLUMNS` with the JSON documents (``rewards``, ``status``,
     ``summary``) as JSON text; ``verdicts`` its ``(component, reward, outcome)`` rows;
-    ``inputs`` its group's ``(digest, document as JSON text)`` when it keeps them."""
+    ``inputs`` its group's ``(digest, document as JSON text)`` when it keeps them;
+    ``batch`` the batch's statistics on its first row."""
 
     values: tuple[Any, ...]
     verdicts: tuple[tuple[str, float | None, str], ...]
     inputs: tuple[str, str] | None = None
+    batch: str | None = None
+    """On a batch's first row: the batch's step statistics as JSON text (table ``batches``)."""
 
 
 def rollout_row(record: RolloutRecord) -> RolloutRow:
@@ -380,6 +427,18 @@ def rollout_row(record: RolloutRecord) -> RolloutRow:
          kept.digest if kept is not None else None),
         tuple((v.component, v.reward, v.outcome) for v in record.verdicts),
         (kept.digest, dumps(kept.to_document())) if kept is not None else None)
+
+
+_SQLITE_BATCHES = ("INSERT INTO batches (tenant, run_id, step, recorded_at, stats) "
+                   "VALUES (?, ?, ?, ?, ?)")
+_PG_BATCHES = ("INSERT INTO batches (tenant, run_id, step, recorded_at, stats) "
+               "VALUES (%s, %s, %s, %s, %s::jsonb)")
+
+
+def _batch_rows(rows: Sequence[RolloutRow]) -> list[tuple[Any, ...]]:
+    """``(tenant, run_id, step, recorded_at, stats)`` of each batch among ``rows``."""
+    return [(row.values[_TENANT], row.values[_RUN], row.values[_STEP],
+             row.values[_RECORDED_AT], row.batch) for row in rows if row.batch is not None]
 
 
 def _inputs_rows(rows: Sequence[RolloutRow]) -> list[tuple[str, str, str]]:

@@ -76,8 +76,13 @@ class RecordWriter:
                  on_written: Callable[[int], None] | None = None,
                  prune: Callable[[RecordStore], int] | None = None,
                  capacity_bytes: int | None = None,
-                 owner_capacity: int | None = None) -> None:
+                 owner_capacity: int | None = None,
+                 after_write: Callable[[RecordStore, Sequence[RolloutRecord | RolloutRow]],
+                                       None] | None = None) -> None:
         self._open_store = store
+        self._after_write = after_write
+        """Called in this thread with what was just written (the sentinel looks at the runs
+        it touched); its failures are logged, never retried."""
         """The store, opened on the first write (raises while the database is unreachable:
         handled as a failed write)."""
         self._on_written = on_written or (lambda n: None)
@@ -269,6 +274,11 @@ class RecordWriter:
                 retry_s = min(retry_s * 2, RETRY_MAX_S)
                 continue
             retry_s = RETRY_MIN_S
+            if self._after_write is not None:  # before the rollouts leave the queue: a
+                try:                             # flush() waits for it too
+                    self._after_write(self._open_store(), batch)
+                except Exception:
+                    log.exception("looking at what the record just wrote failed")
             del self._ready[:len(batch)]
             with self._lock:
                 self._queued -= len(batch)

@@ -124,11 +124,12 @@ SERIES = {
     'instance="api-0"}': "0x9 1+1x5",
     'rewardd_canary_total{verifier="code", source="apps", kind="accept", result="passed", '
     'instance="api-0"}': "0+2x15",
+    'rewardd_sentinel_alerts_total{signal="hedging", instance="api-0"}': "0x11 1x4",
 }
 """Input series (one value a minute): no worker for sandbox while it has work, one worker at
 isolation ``namespaces``, a cpu backlog aging a minute a minute, 10% of requests failing,
 the run record dropping rollouts from minute 6, math's canaries failing from minute 10 (code's
-always passing)."""
+always passing), the sentinel raising ``hedging`` at minute 12."""
 
 EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
     # (eval time, alert, [(labels, summary)])
@@ -149,6 +150,9 @@ EXPECTED: list[tuple[str, str, list[tuple[dict[str, str], str]]]] = [
     ("11m", "RewarddCanaryFailing",
      [({"verifier": "math", "source": "gsm8k"},
        "Verifier math fails its canaries on source gsm8k")]),
+    ("11m", "RewarddSentinelAlert", []),
+    ("13m", "RewarddSentinelAlert",
+     [({"signal": "hedging"}, "The sentinel raised hedging on a training run")]),
 ]
 
 

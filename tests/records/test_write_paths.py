@@ -199,6 +199,8 @@ def test_the_writer_threads_rows_are_the_records_rows(policy: str) -> None:
         body = answered(advantages)
         built = batch_rows("acme", "r", 2, request.groups, body, settings, 7.5, components)
         records = expected(request, body, policy, 7.5, components)
+        assert built[0].batch is not None and all(row.batch is None for row in built[1:])
+        built[0].batch = None  # the batch's step statistics (tests/unit/test_stepstats.py)
         assert built == [rollout_row(record) for record in records]
     kept = sum(row.values[11] is not None for row in built)
     assert kept == {"all": 18, "none": 0, "failed": 12}.get(policy, kept)
