@@ -184,6 +184,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_distributed.py
 	$(PY) tests/benchmarks/bench_cache.py
 	$(PY) tests/benchmarks/bench_canaries.py
+	$(PY) tests/benchmarks/bench_sentinel.py
 	$(PY) tests/benchmarks/bench_load.py
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py
