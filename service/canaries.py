@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rewardd.advantages.table import FlatBatch
 from rewardd.service import metrics
 from rewardd.service.canary_findings import findings, passes
-from rewardd.service.models import RewardSpec, RewardsRequest, ScoreRequest
+from rewardd.service.models import RewardSpec, RewardsRequest, ScoreRequest, SessionSpec
 from rewardd.verifiers import REGISTRY
 from rewardd.verifiers.base import Sample
 from rewardd.verifiers.probes import Probe, maker_for, shape_of
@@ -53,7 +53,7 @@ class Canary:
     call: VerifyCall
 
 
-def rate_of(req: ScoreRequest | RewardsRequest, default: float) -> float:
+def rate_of(req: ScoreRequest | RewardsRequest | SessionSpec, default: float) -> float:
     """The share of groups canaried: the request's ``canaries`` (false: none; an object:
     its ``rate`` or the server's), else the server's REWARDD_CANARY_RATE."""
     spec = req.canaries

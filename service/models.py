@@ -447,6 +447,9 @@ class SessionSpec(Contract):
         default_factory=list, max_length=MAX_AUDIT_COMPONENTS,
         description=AUDIT_DESCRIPTION + " In a session they run at the close, over the "
         "groups it answers for.")
+    canaries: bool | CanarySpec = Field(
+        True, description=CANARIES_DESCRIPTION + " In a session they run at the close, over "
+        "the groups it answers for.")
 
 
 class SessionGroup(Contract):

@@ -193,8 +193,8 @@ def _group_hook(flat: FlatBatch, num_specs: int, on_group: GroupCallback) -> Cal
     return done
 
 
-def plan_canaries(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings: Settings,
-                  batch: BatchContext) -> list[canaries.Canary]:
+def plan_canaries(req: ScoreRequest | RewardsRequest | SessionSpec, flat: FlatBatch,
+                  settings: Settings, batch: BatchContext) -> list[canaries.Canary]:
     """The batch's canaries (:mod:`rewardd.service.canaries`), planned with the batch's own
     timeouts and group contexts; none when the request or the server turned them off."""
     rate = canaries.rate_of(req, settings.canary_rate)

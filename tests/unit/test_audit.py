@@ -199,7 +199,8 @@ def test_duplicate_audit_names_are_refused() -> None:
 
 async def test_a_sessions_audit_runs_at_its_close_and_is_recorded(tmp_path: Any) -> None:
     """A session with `audit`: its close answers as /v1/score answers the same batch with
-    the same audit (rewards, advantages and the audit alike), and the record keeps it."""
+    the same audit (rewards, advantages, the audit and the canaries alike), and the record
+    keeps it."""
     import httpx
 
     from tests.support.executors import InlineExecutor as Inline
@@ -219,10 +220,11 @@ async def test_a_sessions_audit_runs_at_its_close_and_is_recorded(tmp_path: Any)
                                 json={"groups": sent["groups"]})
         assert added.status_code == 200, added.text
         closed = (await http.post(f"/v1/sessions/{sid}/close")).json()
-        scored = (await http.post("/v1/score", json={**sent, "run_id": "other",
-                                                     "canaries": False})).json()
+        scored = (await http.post("/v1/score", json={**sent, "run_id": "other"})).json()
         result = closed["result"]
         assert result["summary"]["audit"] == scored["summary"]["audit"]
+        assert result["summary"]["canaries"] == scored["summary"]["canaries"]
+        assert result["summary"]["canaries"]["correct"]["passed"] == 2  # accept and reject
         assert [[r.get("audit") for r in g["rollouts"]] for g in result["groups"]] == [
             [r.get("audit") for r in g["rollouts"]] for g in scored["groups"]]
         assert [[r["reward"] for r in g["rollouts"]] for g in result["groups"]] == [
