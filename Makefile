@@ -8,7 +8,8 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean
+        test-client-env test-loaded test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean \
+        ui-vendor
 
 install: $(VENV)/.installed
 
@@ -227,6 +228,17 @@ deploy-deps: install sandbox-deps
 	    exit 1; \
 	  fi; \
 	done
+
+# The inspector's chart library, uPlot, pinned by service/ui/package-lock.json: npm ci, then
+# its ES module, stylesheet and licence copied into service/ui/static/vendor/. The copies are
+# committed, so installing rewardd needs no npm; run this only to update (docs/inspector.md).
+UI_VENDOR := service/ui/static/vendor
+ui-vendor:
+	cd service/ui && npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(UI_VENDOR)
+	cp service/ui/node_modules/uplot/dist/uPlot.esm.js service/ui/node_modules/uplot/dist/uPlot.min.css \
+	  $(UI_VENDOR)/
+	cp service/ui/node_modules/uplot/LICENSE $(UI_VENDOR)/uPlot.LICENSE
 
 openapi: install
 	$(VENV)/bin/rewardd openapi
