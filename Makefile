@@ -9,7 +9,7 @@ VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
         test-client-env test-loaded test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean \
-        ui-vendor
+        test-ui ui-browser ui-screenshots ui-vendor
 
 install: $(VENV)/.installed
 
@@ -228,6 +228,26 @@ deploy-deps: install sandbox-deps
 	    exit 1; \
 	  fi; \
 	done
+
+# The run inspector (/ui, docs/inspector.md) in a real browser: Debian's Chromium driven by
+# Playwright (tests/ui), against a real server with a recorded run. Playwright's own browser
+# download is not used: the tests launch /usr/bin/chromium.
+test-ui: install ui-browser
+	$(PY) -m pytest -m ui tests/ui
+
+# The same run, keeping a screenshot of each view in docs/ui/ (committed; docs/inspector.md).
+ui-screenshots: install ui-browser
+	REWARDD_UI_SCREENSHOTS=$(CURDIR)/docs/ui $(PY) -m pytest -m ui tests/ui
+
+ui-browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "rewardd: make test-ui needs Chromium at /usr/bin/chromium: install it (apt-get" \
+	         "install chromium) and rerun" >&2; exit 1; \
+	  fi; }
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install --quiet -e '.[dev]'
 
 # The inspector's chart library, uPlot, pinned by service/ui/package-lock.json: npm ci, then
 # its ES module, stylesheet and licence copied into service/ui/static/vendor/. The copies are
