@@ -29,6 +29,7 @@ def test_the_page_asks_for_a_key_and_lists_the_tenants_runs(
     dialog.wait_for()
     key = page.get_by_label("API key", exact=True)
     assert key.get_attribute("type") == "password"
+    screenshot(page, "key", tmp_path)
     key.fill("wrong-key")
     key.press("Enter")
     page.get_by_text("The server refused that key").wait_for()
@@ -108,13 +109,13 @@ def test_the_run_view_charts_the_apis_step_summaries(
     # what the run gave: failures at two steps, an audit that agrees less once it is gamed
     assert sum(plotted(page.locator("[data-chart='failures']"))["invalid_reference"]) == 4
     assert plotted(page.locator("[data-chart='canaries']"))["passed"][0] > 0
+    screenshot(page, "run", tmp_path)
     table = page.locator("#chart-length-data")
     assert not table.is_visible()
     page.locator("[data-chart='length']").get_by_role("button", name="Show data table").click()
     assert table.is_visible()
     toggle = page.get_by_role("button", name="Hide data table")
     assert toggle.get_attribute("aria-expanded") == "true"
-    screenshot(page, "run", tmp_path)
 
     page.get_by_label("Last steps to chart").fill("3")
     page.get_by_role("button", name="Show", exact=True).click()
@@ -215,7 +216,7 @@ def test_pages_follow_the_apis_cursor(page: Any, inspector: Inspector,
 
 def test_a_rollout_shows_its_completion_as_text_its_verdict_and_receipt(
         page: Any, inspector: Inspector, problems: Problems, tmp_path: Path) -> None:
-    with_key(page).goto(f"/ui/#/runs/{RUN}/rollouts")
+    with_key(page).goto(f"/ui/#/runs/{RUN}/rollouts?limit=10")
     [stored] = [r for r in inspector.get(f"/v1/runs/{RUN}/rollouts", step=0)["rollouts"]
                 if r["rollout_id"] == "s0-g0-markup"]
     assert "<script>" in stored["completion"]

@@ -11,6 +11,9 @@ const COLOURS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9
                  "#f0e442"];
 const ALERT = "#b00020";
 const HEIGHT = 220;
+// Ticks on the step axis fall on whole steps.
+const STEP_INCREMENTS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000,
+                         10000, 20000, 25000, 50000, 100000];
 
 // The y axis of a kind of value: shares and correlations keep their whole range in view,
 // counts start at 0 (a flat 0 reads as 0 of 1, not as a band around 0).
@@ -70,7 +73,7 @@ function options(figure, canvas, plotted, markers, kind) {
     width: width(canvas),
     height: HEIGHT,
     scales: {x: {time: false}, y: kind ? {range: RANGES[kind]} : {}},
-    axes: [{label: "step"}, {}],
+    axes: [{label: "step", incrs: STEP_INCREMENTS}, {}],
     series: [
       {label: "step"},
       ...plotted.map((s, i) => ({label: s.label, stroke: COLOURS[i % COLOURS.length], width: 2,

@@ -104,7 +104,9 @@ export async function jobView(view, jobId, runId = null) {
     job = await api(path, {signal: view.signal});
   }
   cancel.hidden = true;
-  if (job.state === "succeeded" && job.result) result.append(replayResult(job.result));
+  if (job.state !== "succeeded" || !job.result) return;
+  result.append(Array.isArray(job.result.flips) ? replayResult(job.result)
+    : h("p", {}, "This job is not a replay: its result is a scoring answer (GET ", path, ")."));
 }
 
 function sleep(ms, signal) {

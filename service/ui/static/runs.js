@@ -8,7 +8,7 @@ export async function runsView(view) {
   view.title("Runs");
   if (!runs.length) {
     view.add(h("p", {}, "No runs recorded yet. A scoring request that names a ",
-                     h("code", {}, "run_id"), " is recorded (docs/records.md)."));
+                     h("code", {}, "run_id"), " is recorded."));
     return;
   }
   view.add(table(`${runs.length} run(s), the most recently scored first`, [
