@@ -169,7 +169,7 @@ redis:
 	    $(PY) -c "import redis; redis.Redis().ping()" 2>/dev/null && exit 0; sleep 0.5; done; \
 	  echo "rewardd: redis-server did not start; see /tmp/rewardd-test-redis.log" >&2; exit 1; }
 
-bench: install redis
+bench: install redis ui-browser
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
 	$(PY) tests/benchmarks/bench_math_side_by_side.py
@@ -187,6 +187,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_record.py
 	$(PY) tests/benchmarks/bench_stream.py
 	$(PY) tests/benchmarks/bench_faults.py
+	$(PY) tests/benchmarks/bench_inspector.py
 
 # Fault injection with real processes (tests/faults): worker pods SIGKILLed, a private
 # redis-server restarted with and without persistence, Redis unreachable, SIGTERM with work in
