@@ -8,7 +8,7 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean \
+        test-client-env test-loaded test-acceptance test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean \
         test-ui ui-browser ui-screenshots ui-vendor
 
 install: $(VENV)/.installed
@@ -27,6 +27,11 @@ run: install
 
 test: install sandbox-deps redis grpc-node-deps
 	$(PY) -m pytest
+
+# The sentinel's full acceptance on simulated runs (docs/sentinel.md): every exploit flagged
+# within 10 steps of its onset, at most one false alarm in 50 clean runs (~1-2 minutes).
+test-acceptance: install
+	$(PY) -m pytest -m acceptance tests/unit/test_sentinel.py
 
 # The same suite on a machine that is busy: one busy-loop process per core, at the tests' own
 # priority, for the whole run (a loaded CI host or a shared workstation). Tests must not depend
@@ -180,6 +185,7 @@ bench: install redis ui-browser
 	$(PY) tests/benchmarks/bench_distributed.py
 	$(PY) tests/benchmarks/bench_cache.py
 	$(PY) tests/benchmarks/bench_canaries.py
+	$(PY) tests/benchmarks/bench_sentinel.py
 	$(PY) tests/benchmarks/bench_load.py
 	$(PY) tests/benchmarks/bench_arena.py
 	$(PY) tests/benchmarks/bench_judges.py

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 MIN_PAIRS = 3
 """Fewer pairs give no correlation (two points always correlate perfectly)."""
@@ -80,4 +80,25 @@ class Agreement:
                    math.fsum(training) / n, math.fsum(audit) / n)
 
 
-__all__ = ["Agreement", "MIN_PAIRS", "pearson", "ranks", "spearman"]
+def combined(parts: Sequence[Agreement]) -> Agreement:
+    """Several steps' agreements as one: their means and gap weighted by pairs compared
+    (exactly the pooled ones), their rank correlations averaged with the same weights (a
+    rank correlation does not pool; the mean of the steps' is what the sentinel compares)."""
+    kept = [p for p in parts if p.compared]
+    total = sum(p.compared for p in kept)
+    if not total:
+        return Agreement(0, None, None, None, None)
+    ranked = [p for p in kept if p.agreement is not None]
+    weight = sum(p.compared for p in ranked)
+
+    def mean(read: Any) -> float:
+        return math.fsum(read(p) * p.compared for p in kept) / total
+
+    return Agreement(total,
+                     math.fsum(p.agreement * p.compared for p in ranked) / weight  # type: ignore[operator]
+                     if weight else None,
+                     mean(lambda p: p.mean_gap), mean(lambda p: p.training_mean),
+                     mean(lambda p: p.audit_mean))
+
+
+__all__ = ["Agreement", "combined", "MIN_PAIRS", "pearson", "ranks", "spearman"]

@@ -443,6 +443,10 @@ class SessionSpec(Contract):
         "when `on_group_timeout` is `fail`. Unset: no timeout.")
     on_group_timeout: Literal["complete", "fail"] = Field(
         "complete", description="What a group timeout does.")
+    audit: list[AuditSpec] = Field(
+        default_factory=list, max_length=MAX_AUDIT_COMPONENTS,
+        description=AUDIT_DESCRIPTION + " In a session they run at the close, over the "
+        "groups it answers for.")
 
 
 class SessionGroup(Contract):

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rewardd.service import audit, canaries, heavy, metrics
 from rewardd.service.gcpause import gc_paused
 from rewardd.service.models import (AdvantageSpec, AdvantagesRequest, RewardSpec, RewardsRequest,
-                            Rollout, ScoreRequest)
+                            Rollout, ScoreRequest, SessionSpec)
 from rewardd.service.respond import respond, respond_advantages
 from rewardd.service.runstate import RunStore
 from rewardd.service.settings import Settings
@@ -204,10 +204,11 @@ def plan_canaries(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings:
     return canaries.plan(flat, planner.specs, planner.timeouts, batch.for_group, rate)
 
 
-def plan_audits(req: ScoreRequest | RewardsRequest, flat: FlatBatch, settings: Settings,
-                batch: BatchContext) -> list[audit.AuditCall]:
-    """The batch's audit calls (:mod:`rewardd.service.audit`), planned with the batch's own
-    call planner (timeouts, group contexts); none without ``audit``."""
+def plan_audits(req: ScoreRequest | RewardsRequest | SessionSpec, flat: FlatBatch,
+                settings: Settings, batch: BatchContext) -> list[audit.AuditCall]:
+    """The batch's (or a closing session's) audit calls (:mod:`rewardd.service.audit`),
+    planned with the batch's own call planner (timeouts, group contexts); none without
+    ``audit``."""
     if not req.audit:
         return []
     planners = {spec.name: CallPlanner.of([spec], settings, batch) for spec in req.audit}

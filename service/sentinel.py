@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from rewardd.service.agreement import Agreement, combined
 from rewardd.service.stepstats import StepStats
 
 CURRENT = 3
@@ -90,14 +91,38 @@ class Alert:
 
 
 Series = Sequence[tuple[int, StepStats]]
-Check = Callable[[Series, Series, str | None], "tuple[bool, float, str] | None"]
 
 
-def _pooled(window: Series) -> StepStats:
-    out = StepStats()
-    for _, stats in window:
-        out.merge(stats)
-    return out
+class Window:
+    """Some consecutive steps of a run, and their statistics added up (once, on first use:
+    every signal reads the same windows)."""
+
+    __slots__ = ("steps", "_pooled")
+
+    def __init__(self, steps: Series) -> None:
+        self.steps = steps
+        self._pooled: StepStats | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def agreement(self, component: str) -> Agreement:
+        """Training vs audit ``component`` over the window (:func:`combined` of its steps')."""
+        return combined([stats.agreement(component) for _, stats in self.steps])
+
+    @property
+    def pooled(self) -> StepStats:
+        if self._pooled is None:
+            out = StepStats()
+            for _, stats in self.steps:
+                out.merge(stats, tails=False, pairs=False)  # read per step, not pooled
+            self._pooled = out
+        return self._pooled
+
+
+Check = Callable[[Window, Window, str | None], "tuple[bool, float, str] | None"]
+Windows = dict[int, "tuple[Window, Window] | None"]
+"""Per position of a series, its current and reference windows (None: too early)."""
 
 
 def _gain(current: float | None, reference: float | None) -> float | None:
@@ -108,9 +133,9 @@ def _gain(current: float | None, reference: float | None) -> float | None:
 
 def _share_check(read: Callable[[StepStats], float | None], floor: float, rise: float,
                  what: str) -> Check:
-    def check(current: Series, reference: Series, _: str | None
+    def check(current: Window, reference: Window, _: str | None
               ) -> tuple[bool, float, str] | None:
-        now, then = read(_pooled(current)), read(_pooled(reference))
+        now, then = read(current.pooled), read(reference.pooled)
         if now is None or then is None:
             return None
         raised = now >= floor and now - then >= rise
@@ -124,10 +149,10 @@ def _repeat_share(stats: StepStats) -> float | None:
     return stats.repeat_share if most >= 4 else (0.0 if stats.groups else None)
 
 
-def _repeated(current: Series, reference: Series, _: str | None
+def _repeated(current: Window, reference: Window, _: str | None
               ) -> tuple[bool, float, str] | None:
-    now = [v for v in (_repeat_share(s) for _, s in current) if v is not None]
-    then = [v for v in (_repeat_share(s) for _, s in reference) if v is not None]
+    now = [v for v in (_repeat_share(s) for _, s in current.steps) if v is not None]
+    then = [v for v in (_repeat_share(s) for _, s in reference.steps) if v is not None]
     if not now or not then:
         return None
     value, before = sum(now) / len(now), sum(then) / len(then)
@@ -136,11 +161,11 @@ def _repeated(current: Series, reference: Series, _: str | None
                            f"(mean of the last {len(now)} steps; {before:.0%} 10 steps before)")
 
 
-def _length(current: Series, reference: Series, _: str | None
+def _length(current: Window, reference: Window, _: str | None
             ) -> tuple[bool, float, str] | None:
-    now, then = _pooled(current), _pooled(reference)
-    corr_now = _mean([s.length_correlation for _, s in current])
-    corr_then = _mean([s.length_correlation for _, s in reference])
+    now, then = current.pooled, reference.pooled
+    corr_now = _mean([s.length_correlation for _, s in current.steps])
+    corr_then = _mean([s.length_correlation for _, s in reference.steps])
     if (corr_now is None or corr_then is None or now.length_mean is None
             or then.length_mean is None or not then.length_mean
             or now.reward_mean is None or then.reward_mean is None):
@@ -153,9 +178,9 @@ def _length(current: Series, reference: Series, _: str | None
                               f"{then.reward_mean:.3f} -> {now.reward_mean:.3f}")
 
 
-def _dominance(current: Series, reference: Series, component: str | None
+def _dominance(current: Window, reference: Window, component: str | None
                ) -> tuple[bool, float, str] | None:
-    now, then = _pooled(current).shares(), _pooled(reference).shares()
+    now, then = current.pooled.shares(), reference.pooled.shares()
     if component is None or component not in now or component not in then:
         return None
     value, before = now[component], then[component]
@@ -164,12 +189,12 @@ def _dominance(current: Series, reference: Series, component: str | None
                            f"({before:.0%} 10 steps before)")
 
 
-def _divergence(current: Series, reference: Series, component: str | None
+def _divergence(current: Window, reference: Window, component: str | None
                 ) -> tuple[bool, float, str] | None:
     if component is None:
         return None
-    now, then = _pooled(current), _pooled(reference)
-    a_now, a_then = now.agreement(component), then.agreement(component)
+    now, then = current.pooled, reference.pooled
+    a_now, a_then = current.agreement(component), reference.agreement(component)
     if now.reward_mean is None or then.reward_mean is None or not a_now.compared \
             or not a_then.compared:
         return None
@@ -214,15 +239,21 @@ def _components(series: Series, signal: str) -> list[str | None]:
     return [None]
 
 
-def raised_at(series: Series, position: int, signal: str, component: str | None
-              ) -> tuple[bool, float, str] | None:
-    """Whether ``signal`` holds at ``series[position]`` (None: not enough data)."""
-    start = position - REFERENCE_GAP - REFERENCE_SPAN + 1
-    reference = series[max(start, 0):max(position - REFERENCE_GAP + 1, 0)]
-    if len(reference) < MIN_REFERENCE:
-        return None
-    current = series[position - CURRENT + 1:position + 1]
-    return CHECKS[signal](current, reference, component)
+def raised_at(series: Series, position: int, signal: str, component: str | None,
+              windows: Windows | None = None) -> tuple[bool, float, str] | None:
+    """Whether ``signal`` holds at ``series[position]``: ``(raised, value, message)``, or
+    None without enough data. ``windows``: a cache of the series' windows, shared by the
+    calls of one evaluation."""
+    if windows is None:
+        windows = {}
+    if position not in windows:
+        start = position - REFERENCE_GAP - REFERENCE_SPAN + 1
+        reference = series[max(start, 0):max(position - REFERENCE_GAP + 1, 0)]
+        windows[position] = (
+            (Window(series[max(position - CURRENT + 1, 0):position + 1]), Window(reference))
+            if len(reference) >= MIN_REFERENCE and position >= 0 else None)
+    pair = windows[position]
+    return CHECKS[signal](pair[0], pair[1], component) if pair is not None else None
 
 
 def evaluate(series: Series, since: int = 0) -> list[Alert]:
@@ -230,31 +261,34 @@ def evaluate(series: Series, since: int = 0) -> list[Alert]:
     order; with ``since``, the positions before it are evaluated only to know what was
     already raised."""
     alerts: list[Alert] = []
+    windows: Windows = {}
     for signal in SIGNALS:
         for component in _components(series, signal.name):
             active = False
             for position in range(len(series)):
-                found = raised_at(series, position, signal.name, component)
+                found = raised_at(series, position, signal.name, component, windows)
                 now = bool(found and found[0])
                 if now and not active and position >= since:
                     _, value, message = found  # type: ignore[misc]
                     alerts.append(Alert(signal.name, series[position][0],
-                                        _onset(series, position, signal.name, component),
+                                        _onset(series, position, signal.name, component,
+                                               windows),
                                         value, signal.threshold, message, component))
                 active = now
     alerts.sort(key=lambda a: (a.step, a.signal, a.component or ""))
     return alerts
 
 
-def _onset(series: Series, position: int, signal: str, component: str | None) -> int | None:
-    """The earliest of the last :data:`ONSET_LOOKBACK` steps from which the signal's
-    current window, ending there, already showed half its threshold's move... estimated
-    as the first step after the last one at which the signal's check was comfortably
-    clear (its value under half the threshold)."""
+def _onset(series: Series, position: int, signal: str, component: str | None,
+           windows: Windows) -> int | None:
+    """An estimate of when what ``signal`` saw at ``position`` began: going back at most
+    :data:`ONSET_LOOKBACK` steps, the step after the last one at which the signal was
+    comfortably clear (its value at most half its threshold; for ``audit_divergence``, whose
+    value is an agreement, not raised)."""
     threshold = BY_NAME[signal].threshold
     onset = None
     for back in range(position, max(position - ONSET_LOOKBACK, -1), -1):
-        found = raised_at(series, back, signal, component)
+        found = raised_at(series, back, signal, component, windows)
         if found is None:
             break
         clear = (found[1] <= threshold / 2) if signal != "audit_divergence" else not found[0]
@@ -275,17 +309,17 @@ def latest(series: Series) -> tuple[list[Alert], list[Alert]]:
         return [], []
     position = len(series) - 1
     newly, active = [], []
+    windows: Windows = {}
     for signal in SIGNALS:
         for component in _components(series, signal.name):
-            found = raised_at(series, position, signal.name, component)
+            found = raised_at(series, position, signal.name, component, windows)
             if not (found and found[0]):
                 continue
             alert = Alert(signal.name, series[position][0],
-                          _onset(series, position, signal.name, component),
+                          _onset(series, position, signal.name, component, windows),
                           found[1], signal.threshold, found[2], component)
             active.append(alert)
-            before = raised_at(series, position - 1, signal.name, component) \
-                if position else None
+            before = raised_at(series, position - 1, signal.name, component, windows)
             if not (before and before[0]):
                 newly.append(alert)
     return newly, active

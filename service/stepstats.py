@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -37,7 +36,6 @@ LENIENT_RULES = frozenset({"last_number"})
 """Verdict readings that are lenient fallbacks: the math verifier's ``detail.rule`` when it
 took the last number of free text as the answer."""
 
-_SPACE = re.compile(r"\s+")
 
 
 def _short_hash(text: str) -> str:
@@ -45,8 +43,9 @@ def _short_hash(text: str) -> str:
 
 
 def tail_of(completion: str) -> str:
-    """The tail that :data:`TAIL_CHARS` defines, hashed."""
-    return _short_hash(_SPACE.sub(" ", completion).strip()[-TAIL_CHARS:])
+    """The tail that :data:`TAIL_CHARS` defines, hashed (whitespace collapsed in the last
+    characters only: the tail of a long completion costs what a short one's does)."""
+    return _short_hash(" ".join(completion[-4 * TAIL_CHARS:].split())[-TAIL_CHARS:])
 
 
 @dataclass(slots=True)
@@ -98,11 +97,18 @@ class StepStats:
     """Audit component -> [training, audit] pairs."""
     canaries: dict[str, list[int]] = field(default_factory=dict)
     """Component -> [passed, failed]."""
+    _agreements: dict[str, Agreement] = field(default_factory=dict, repr=False,
+                                              compare=False)
+    """:meth:`agreement`'s answers (a rank correlation sorts its pairs: once per step)."""
 
     # ---- merging and storing ------------------------------------------------------------------
 
-    def merge(self, other: StepStats) -> StepStats:
-        """Add ``other`` (another batch of the same step) into this one; returns self."""
+    def merge(self, other: StepStats, tails: bool = True, pairs: bool = True) -> StepStats:
+        """Add ``other`` (another batch of the same step) into this one; returns self.
+        ``tails=False``: leave the tails out (a window of several steps: tails are per
+        step, and their merge is the costly part); ``pairs=False``: the audit pairs too
+        (a window reads its steps' agreements, :meth:`agreement`)."""
+        self._agreements.clear()
         for name in ("rollouts", "groups", "rewarded", "reward_sum", "reward_squares",
                      "lengths", "length_sum", "length_squares", "length_reward",
                      "length_reward_sum", "length_reward_squares", "positive", "hedged",
@@ -117,13 +123,13 @@ class StepStats:
             mine_source = self.sources.setdefault(source, [0, 0.0])
             mine_source[0] += n
             mine_source[1] += total
-        for tail, prompts in other.tails.items():
+        for tail, prompts in (other.tails.items() if tails else ()):
             kept = self.tails.setdefault(tail, [])
             kept.extend(p for p in prompts if p not in kept)
             del kept[MAX_PROMPTS_PER_TAIL:]
-        for name, pairs in other.audit.items():
+        for name, found in (other.audit.items() if pairs else ()):
             kept_pairs = self.audit.setdefault(name, [])
-            kept_pairs.extend(pairs[:max(MAX_AUDIT_PAIRS - len(kept_pairs), 0)])
+            kept_pairs.extend(found[:max(MAX_AUDIT_PAIRS - len(kept_pairs), 0)])
         for name, (passed, failed) in other.canaries.items():
             counts = self.canaries.setdefault(name, [0, 0])
             counts[0] += passed
@@ -132,7 +138,7 @@ class StepStats:
 
     def to_document(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in self.__slots__
-                               if name != "components"}
+                               if name != "components" and not name.startswith("_")}
         out["components"] = {name: [c.weight, c.n, c.total, c.with_reward]
                              for name, c in self.components.items()}
         return out
@@ -140,8 +146,8 @@ class StepStats:
     @classmethod
     def from_document(cls, data: Mapping[str, Any]) -> StepStats:
         """A :class:`StepStats` of its own (no container shared with ``data``)."""
-        scalars = {name: data[name] for name in cls.__slots__
-                   if name in data and not isinstance(data[name], (dict, list))}
+        scalars = {name: data[name] for name in cls.__slots__ if name in data
+                   and not name.startswith("_") and not isinstance(data[name], (dict, list))}
         stats = cls(**scalars)
         stats.components = {name: ComponentSums(*values)
                             for name, values in (data.get("components") or {}).items()}
@@ -204,7 +210,12 @@ class StepStats:
         return most / self.groups
 
     def agreement(self, name: str) -> Agreement:
-        return Agreement.of([(t, a) for t, a in self.audit.get(name, ())])
+        """Training vs audit component ``name`` over the step's pairs."""
+        found = self._agreements.get(name)
+        if found is None:
+            found = self._agreements[name] = Agreement.of(
+                [(t, a) for t, a in self.audit.get(name, ())])
+        return found
 
     def source_means(self) -> dict[str, float | None]:
         return {source: (total / n if n else None)

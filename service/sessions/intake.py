@@ -84,7 +84,8 @@ def check_spec(spec: SessionSpec, settings: Settings) -> None:
     probe = Group(group_id="probe", rollouts=[
         Rollout(rollout_id=str(i), completion="", num_tokens=1) for i in range(2)])
     req = ScoreRequest(run_id=spec.run_id, step=spec.step, evaluation=spec.evaluation,
-                       groups=[probe], rewards=spec.rewards, advantage=spec.advantage)
+                       groups=[probe], rewards=spec.rewards, advantage=spec.advantage,
+                       audit=spec.audit)
     try:
         pipeline.check_request(req, settings)
     except RequestInvalid as exc:

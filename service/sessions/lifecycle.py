@@ -19,7 +19,10 @@ from typing import AsyncIterator
 
 import orjson
 
+from rewardd.advantages.table import FlatBatch
+from rewardd.service import audit, pipeline
 from rewardd.service.eventfeed import Changed
+from rewardd.service.models import SessionSpec
 from rewardd.service.events import HEARTBEAT_S, Event, encode_event
 from rewardd.service.sessions.checking import Checker, GroupRef
 from rewardd.service.sessions.errors import SessionNotFound
@@ -28,6 +31,8 @@ from rewardd.service.sessions.records import (GroupPhase, GroupReason, GroupReco
                                               SessionPhase, SessionRecord)
 from rewardd.service.sessions.results import answered_groups, group_model, session_result
 from rewardd.service.timestamps import iso
+from rewardd.workers import fairness
+from rewardd.workers.executor import CallResult
 
 
 def closed_payload(sid: str, state: SessionPhase, error: str | None) -> JsonObject:
@@ -144,6 +149,7 @@ class Lifecycle:
             return False
         runs = pod.runtime.runs.for_tenant(record.tenant)
         closed: list[tuple[list[GroupRecord], JsonObject]] = []
+        audited = await self._audit(sid, record.tenant, spec)
 
         async def finish(rec: SessionRecord) -> tuple[bool, bool, list[bytes]]:
             if rec.state != SessionPhase.CLOSING:
@@ -152,6 +158,8 @@ class Lifecycle:
             if any(not group.done for group in final.values()):
                 return False, False, []
             result = await asyncio.to_thread(session_result, spec, list(final.values()), runs)
+            if audited is not None and audited[0] == [g["group_id"] for g in result["groups"]]:
+                audit.apply(result, spec.audit, audited[1], audited[2])  # beside, as in a batch
             closed[:] = [(answered_groups(list(final.values())), result)]
             rec.state, rec.touched = SessionPhase.CLOSED, time.time()
             payload = {"session_id": sid, "state": SessionPhase.CLOSED.value, "error": None,
@@ -170,6 +178,22 @@ class Lifecycle:
                     [group_model(group) for group in answered], result,
                     rewards=spec.rewards, evaluation=spec.evaluation))
         return True
+
+    async def _audit(self, sid: str, tenant: str, spec: SessionSpec
+                     ) -> tuple[list[str], list[audit.AuditCall], list[CallResult]] | None:
+        """The session's audit components (docs/audit.md) over the groups its close answers
+        for, run before the close is written (their checks must not run under its lock):
+        the groups' ids in order, the calls and their results. None without ``audit``."""
+        if not spec.audit:
+            return None
+        kept = answered_groups(list((await self.pod.store.groups(sid)).values()))
+        flat = FlatBatch.of([group_model(group) for group in kept])
+        batch = pipeline.BatchContext(spec.run_id, spec.step, spec.evaluation)
+        calls = pipeline.plan_audits(spec, flat, self.pod.settings, batch)
+        with fairness.flow(tenant, sid):  # beside: uncached and uncounted, as in a batch
+            results = await pipeline.run_calls([], self.pod.runtime.executor,
+                                               beside=[c.call for c in calls]) if calls else []
+        return [group.group_id for group in kept], calls, results
 
     async def end(self, sid: str, state: SessionPhase, reason: str | None) -> None:
         """End the session without a batch (cancelled, expired): its checks stop."""

@@ -196,6 +196,24 @@ def test_failed_cells_are_logged_through_trl_log_metric(rewardd_url: str) -> Non
     assert metrics == [("rewardd/failed_cells", 1.0)]
 
 
+def test_the_sentinels_signals_are_logged_through_trl_log_metric(rewardd_url: str) -> None:
+    """With a run_id, each batch's answer carries the server sentinel's view of the run (a
+    step behind: the record is written after the answer), logged as rewardd/sentinel/*."""
+    function = reward_function(rewardd_url, MATH_AND_LENGTH, run_id="trl-sentinel")
+    logged: list[tuple[str, float]] = []
+    for _ in range(50):  # a guard: the first batches may answer before one was recorded
+        logged.clear()
+        trl_call(function, ["p"], ["3"], [[1]], answer=["3"],
+                 log_metric=lambda *m: logged.append(m))
+        if len(logged) > 1:
+            break
+    assert logged[0] == ("rewardd/failed_cells", 0.0)
+    assert sorted(logged[1:]) == sorted(
+        (f"rewardd/sentinel/{signal}", 0.0) for signal in (
+            "audit_divergence", "length_gaming", "component_dominance", "repeated_answer",
+            "hedging", "lenient_fallback"))
+
+
 def test_async_component_functions_gathered_send_one_request(rewardd_url: str) -> None:
     functions = async_reward_functions(rewardd_url, MATH_AND_LENGTH)
 

@@ -193,3 +193,41 @@ def test_duplicate_audit_names_are_refused() -> None:
     assert answer.status_code == 422
     assert answer.json()["detail"][0]["loc"] == ["body", "audit", 1, "name"]
     assert "duplicate audit name 'strict'" in answer.json()["detail"][0]["msg"]
+
+
+# ---- sessions ------------------------------------------------------------------------------
+
+async def test_a_sessions_audit_runs_at_its_close_and_is_recorded(tmp_path: Any) -> None:
+    """A session with `audit`: its close answers as /v1/score answers the same batch with
+    the same audit (rewards, advantages and the audit alike), and the record keeps it."""
+    import httpx
+
+    from tests.support.executors import InlineExecutor as Inline
+
+    request = body(groups=2)
+    spec = {"rewards": [{"name": "correct", "verifier": "math"}], "group_size": 4,
+            "run_id": "exp", "step": 3, "audit": [{**STRICT, "rate": 1.0}],
+            "advantage": {"estimator": "grpo"}}
+    app = create_app(Settings(data_dir=str(tmp_path)), executor=Inline())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                 base_url="http://rewardd") as http:
+        opened = await http.post("/v1/sessions", json=spec)
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["session_id"]
+        sent = request.model_dump(mode="json", exclude_none=True)
+        added = await http.post(f"/v1/sessions/{sid}/rollouts",
+                                json={"groups": sent["groups"]})
+        assert added.status_code == 200, added.text
+        closed = (await http.post(f"/v1/sessions/{sid}/close")).json()
+        scored = (await http.post("/v1/score", json={**sent, "run_id": "other",
+                                                     "canaries": False})).json()
+        result = closed["result"]
+        assert result["summary"]["audit"] == scored["summary"]["audit"]
+        assert [[r.get("audit") for r in g["rollouts"]] for g in result["groups"]] == [
+            [r.get("audit") for r in g["rollouts"]] for g in scored["groups"]]
+        assert [[r["reward"] for r in g["rollouts"]] for g in result["groups"]] == [
+            [r["reward"] for r in g["rollouts"]] for g in scored["groups"]]
+        assert app.state.services.records.writer().flush(60)
+        page = (await http.get("/v1/runs/exp/rollouts")).json()["rollouts"]
+        assert [r["summary"]["audit"]["strict"]["reward"] for r in page] == [
+            1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]

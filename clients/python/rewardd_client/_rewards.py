@@ -37,6 +37,23 @@ URL_VARIABLE = "REWARDD_URL"
 REWARDS_VARIABLE = "REWARDD_REWARDS"
 ADVANTAGE_VARIABLE = "REWARDD_ADVANTAGE"
 
+SENTINEL_SIGNALS = ("audit_divergence", "length_gaming", "component_dominance",
+                    "repeated_answer", "hedging", "lenient_fallback")
+"""The server sentinel's signals (docs/sentinel.md), each logged by the adapters."""
+
+
+def sentinel_flags(summary: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """``<prefix><signal>``: 1.0 while the server's sentinel holds the signal on the run at
+    its newest recorded step (``summary.sentinel``), else 0.0, for every signal; empty when
+    the answer has no sentinel report (no ``run_id``, or the run not yet looked at), so a
+    trainer's chart shows a gap rather than a false all-clear."""
+    report = summary.get("sentinel")
+    if not isinstance(report, Mapping):
+        return {}
+    held = {alert.get("signal") for alert in report.get("alerts") or ()}
+    return {f"{prefix}{signal}": 1.0 if signal in held else 0.0 for signal in SENTINEL_SIGNALS}
+
+
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")  # the server's Name
 
 

@@ -19,7 +19,9 @@ Choices made here:
 - One request per batch, ``POST /v1/rewards``: rewardd verifies, TRL computes its own
   advantages. A failed cell (no fallback) gives None, never a silent 0; the batch's count of
   failed cells goes to TRL's ``log_metric`` as ``rewardd/failed_cells`` (TRL averages it
-  over processes), since TRL otherwise shows a None only when a whole row has none.
+  over processes), since TRL otherwise shows a None only when a whole row has none. With a
+  ``run_id``, the server sentinel's signals go there too, as ``rewardd/sentinel/<signal>``
+  (1.0 while one holds: docs/sentinel.md).
 - :func:`reward_functions` returns one function per reward component so TRL logs each one
   (``rewards/<name>/mean``); they share one request per batch: the first member called for a
   batch sends it, the others reuse its answer while their arguments are the same batch. They
@@ -46,6 +48,7 @@ from typing import Any, Mapping, Sequence
 
 from rewardd_client import AsyncRewarddClient, RewarddClient
 from rewardd_client._catalogue import CatalogueUnavailable, NotInCatalogue, check_rewards
+from rewardd_client._rewards import sentinel_flags
 from rewardd_client._trl_batch import (TRAINER_KEYWORDS, Batch, ReferenceFn, RewardSpecs,
                                        TRLInputError, completion_text, prompt_text, specs_of)
 from rewardd_client.client import Wire
@@ -129,6 +132,8 @@ class _Function:
         log_metric = kwargs.get("log_metric")
         if sent and callable(log_metric):  # once per batch: failed cells are otherwise silent
             log_metric("rewardd/failed_cells", float(answer["summary"]["failed_cells"]))
+            for key, flag in sentinel_flags(answer["summary"], "rewardd/sentinel/").items():
+                log_metric(key, flag)
         return values
 
     def __repr__(self) -> str:

@@ -48,9 +48,9 @@ except ImportError as exc:  # verl would hide it (debug log): say it at ERROR, t
         "advantage estimator)", extra="verl", trainer="verl", trainer_version=">=0.9.1")) from exc
 
 from rewardd_client._groups import runs_of_equal
-from rewardd_client._rewards import reference_of
+from rewardd_client._rewards import reference_of, sentinel_flags
 from rewardd_client.tensors import advantages_tensor
-from rewardd_client.verl_settings import Settings, extra_info_of, settings_from
+from rewardd_client.verl_settings import EXTRA_PREFIX, Settings, extra_info_of, settings_from
 
 __all__ = ["NAME", "RewarddRewardManager", "compute_rewardd_advantage", "rewards_request",
            "advantages_request"]
@@ -125,13 +125,16 @@ def rewards_request(samples: Sequence[Sample], settings: Settings, tokenizer: An
 
 def _results(response: dict[str, Any], keys: Sequence[tuple[str, str]],
              settings: Settings) -> list[dict[str, Any]]:
-    """Per sample, verl's reward-loop result: ``reward_score`` and ``reward_extra_info``."""
+    """Per sample, verl's reward-loop result: ``reward_score`` and ``reward_extra_info``
+    (with a ``run_id``, also the server sentinel's signals as ``rewardd_sentinel_<signal>``,
+    1.0 while one holds: docs/sentinel.md)."""
     by_key = {(g["group_id"], r["rollout_id"]): r
               for g in response["groups"] for r in g["rollouts"]}
     out = []
+    flags = sentinel_flags(response["summary"], f"{EXTRA_PREFIX}sentinel_")
     for key in keys:
         rollout = by_key[key]
-        info = extra_info_of(rollout, settings.rewards)
+        info = {**extra_info_of(rollout, settings.rewards), **flags}
         out.append({"reward_score": float(rollout["reward"]), "reward_extra_info": info})
     return out
 
