@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.ui.conftest import KEY, RUN, STEPS, Inspector, Problems, screenshot
@@ -322,4 +323,31 @@ def test_every_control_has_an_accessible_name_and_every_view_a_heading(
     assert len([c for c in controls if c[0] != "link"]) >= count
     for table in page.locator("main table:not(.u-legend)").all():  # legends: inside role=img
         assert table.locator("thead th[scope='col']").count() >= 1
+    problems.expect_none()
+
+
+def test_forgetting_the_key_asks_for_one_again(page: Any, problems: Problems) -> None:
+    problems.expect(401, "/v1/runs")
+    with_key(page).goto("/ui/#/runs")
+    page.locator("#runs").wait_for()
+    page.get_by_role("button", name="Forget API key").click()
+    page.get_by_role("dialog", name="An API key is needed").wait_for()
+    assert page.evaluate("sessionStorage.getItem('rewardd.apiKey')") is None
+    page.get_by_label("API key", exact=True).fill(KEY)
+    page.get_by_role("button", name="Use this key").click()
+    page.locator("#runs").wait_for()
+    problems.expect_none()
+
+
+def test_a_job_opens_by_its_own_link(page: Any, inspector: Inspector,
+                                     problems: Problems) -> None:
+    submitted = httpx.post(f"{inspector.url}/v1/runs/{RUN}/reverify", headers=inspector.headers,
+                           json={"steps": [0, 0], "set": {"math.extract": "boxed"}}, timeout=60)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    with_key(page).goto(f"/ui/#/jobs/{job_id}")
+    page.locator("#flips").wait_for()
+    result = inspector.get(f"/v1/jobs/{job_id}")["result"]
+    assert page.locator("#flips tbody tr").count() == len(result["flips"]) == 2  # step 0's prose
+    assert page.get_by_role("link", name=RUN).get_attribute("href") == f"#/runs/{RUN}"
     problems.expect_none()

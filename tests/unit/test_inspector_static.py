@@ -1,7 +1,8 @@
 """The run inspector's page (service/ui/, docs/inspector.md) as packaged and served: every
 file of static/ is package data (so in the wheel), every module the page imports is there,
 the vendored uPlot is the version the lock pins, and the app serves the files at /ui without
-a key (the API behind them still asks for one) under a same-origin-only CSP."""
+a key (the API behind them still asks for one) under a same-origin-only CSP, counted in the
+HTTP metrics under one route label."""
 
 from __future__ import annotations
 
@@ -82,3 +83,6 @@ async def test_the_page_is_served_without_a_key_the_api_still_asks_for_one(http)
     assert (await http.get("/ui/nope.js")).status_code == 404
     assert (await http.get("/v1/runs")).status_code == 401
     assert "/ui" not in json.dumps((await http.get("/openapi.json")).json()["paths"])
+    metrics = (await http.get("/metrics", headers={"Authorization": "Bearer k"})).text
+    assert re.search(r'rewardd_http_requests_total\{method="GET",route="/ui",status="200"',
+                     metrics)  # the page's files under one label, not `unmatched`
