@@ -233,6 +233,11 @@ def test_a_rollout_shows_its_completion_as_text_its_verdict_and_receipt(
     assert dict(zip(terms, shown.locator("dd").all_inner_texts())) == {
         k: str(v) for k, v in receipt.items()}
     assert receipt["completion_hash"] and receipt["verifier"] == "math"
+    audit = stored["summary"]["audit"]["strict"]  # the strict audit's own verdict and receipt
+    shown = detail.locator("[data-component='strict'][data-kind='audit'] .receipt")
+    assert dict(zip(shown.locator("dt").all_inner_texts(),
+                    shown.locator("dd").all_inner_texts()))["params_hash"] == \
+        audit["receipt"]["params_hash"] != receipt["params_hash"]
     verdict = detail.locator("[data-component='math'] dl").first.inner_text()
     assert "Reward\n1" in verdict and "Outcome\nok" in verdict
     assert str(round(stored["summary"]["advantage_mean"], 4)) in detail.inner_text()

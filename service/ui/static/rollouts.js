@@ -124,13 +124,19 @@ function rolloutDetail(r) {
                              + "per-token advantages, so there is no per-token strip."),
     summary.canaries ? [h("h4", {}, "The batch's canaries"), json(summary.canaries)] : null,
     h("h3", {}, "Verdicts"),
-    Object.entries(r.verdicts).map(([name, verdict]) => verdictOf(name, verdict)));
+    Object.entries(r.verdicts).map(([name, verdict]) => verdictOf(name, verdict)),
+    summary.audit ? [
+      h("h3", {}, "Audit verdicts (never in the reward)"),
+      Object.entries(summary.audit).map(([name, audit]) => verdictOf(name, {
+        reward: audit.reward, outcome: audit.ok ? "ok" : audit.error ?? "failed", status: audit,
+      }, "audit"))] : null);
 }
 
-function verdictOf(name, verdict) {
+/** One component's verdict: a reward component's (`kind` "reward") or an audit's. */
+function verdictOf(name, verdict, kind = "reward") {
   const status = verdict.status ?? {};
   const receipt = status.receipt;
-  return h("section", {class: "verdict", dataset: {component: name}},
+  return h("section", {class: "verdict", dataset: {component: name, kind}},
     h("h4", {}, name),
     facts([["Reward", num(verdict.reward)], ["Outcome", verdict.outcome],
            ["Error", status.error ?? undefined]]),
