@@ -86,3 +86,14 @@ async def test_the_page_is_served_without_a_key_the_api_still_asks_for_one(http)
     metrics = (await http.get("/metrics", headers={"Authorization": "Bearer k"})).text
     assert re.search(r'rewardd_http_requests_total\{method="GET",route="/ui",status="200"',
                      metrics)  # the page's files under one label, not `unmatched`
+
+
+def test_the_page_never_writes_html() -> None:
+    """The page shows model-written text: it builds elements and text nodes (static/dom.js),
+    never markup from a string, so nothing it shows can become a tag or a script."""
+    writers = re.compile(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|"
+                         r"new Function\(|createContextualFragment")
+    found = [f"{path.name}:{number}" for path in STATIC.glob("*.js")
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if writers.search(line)]
+    assert not found, found
