@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.ui.conftest import KEY, RUN, STEPS, Inspector, Problems, screenshot
 
@@ -121,7 +122,7 @@ def test_the_run_view_charts_the_apis_step_summaries(
     page.get_by_label("Last steps to chart").fill("3")
     page.get_by_role("button", name="Show", exact=True).click()
     page.wait_for_url(f"**/ui/#/runs/{RUN}?steps=3")
-    assert drawn(page, "length").get_attribute("data-points") == "3"
+    expect(page.locator("[data-chart='length']")).to_have_attribute("data-points", "3")
     assert plotted(page.locator("[data-chart='length']")) == expected_series("length", steps[-3:])
     problems.expect_none()
 
@@ -146,7 +147,7 @@ def test_the_sentinels_alerts_are_listed_and_marked_at_their_step(
         assert f"{len(alerts)} alert(s) marked" in label
 
     page.goto(f"/ui/#/runs/{RUN}?steps=2")  # steps 18 and 19: the alerts are before them
-    page.locator("main:not([aria-busy]) [data-chart='length'][data-state='drawn']").wait_for()
+    expect(page.locator("[data-chart='length']")).to_have_attribute("data-points", "2")
     assert page.locator("[data-chart='length']").get_attribute("data-markers") == "0"
     assert page.locator(".alert-list li").count() == len(alerts)  # listed all the same
     problems.expect_none()
@@ -175,9 +176,14 @@ def fill_filters(page: Any, **filters: str) -> None:
     page.get_by_role("button", name="Apply filters").click()
 
 
-def shown_rollouts(page: Any) -> list[str]:
-    page.locator("main:not([aria-busy])").wait_for()
-    return page.locator("#rollouts tbody tr td:first-child").all_inner_texts()
+def expect_rollouts(page: Any, rollouts: list[dict[str, Any]]) -> None:
+    """The browser's table lists exactly ``rollouts`` (an API page), in order; retried until
+    the view the last action asked for is drawn."""
+    if rollouts:
+        expect(page.locator("#rollouts tbody tr td:first-child")).to_have_text(
+            [r["rollout_id"] for r in rollouts])
+    else:
+        expect(page.get_by_text("No rollouts match these filters.")).to_be_visible()
 
 
 @pytest.mark.parametrize("filters", [
@@ -189,13 +195,12 @@ def test_filters_narrow_the_browser_as_the_api_does(
         page: Any, inspector: Inspector, problems: Problems, filters: dict[str, str]) -> None:
     with_key(page).goto(f"/ui/#/runs/{RUN}/rollouts")
     everything = inspector.get(f"/v1/runs/{RUN}/rollouts", limit=50)["rollouts"]
-    assert len(shown_rollouts(page)) == len(everything)
+    expect_rollouts(page, everything)
     fill_filters(page, **filters)
     expected = inspector.get(f"/v1/runs/{RUN}/rollouts", limit=50, **filters)["rollouts"]
     assert [r["rollout_id"] for r in expected] != [r["rollout_id"] for r in everything]
-    assert shown_rollouts(page) == [r["rollout_id"] for r in expected]
-    if not expected:
-        assert page.get_by_text("No rollouts match these filters.").is_visible()
+    expect_rollouts(page, expected)
+    assert page.locator("#rollouts tbody tr").count() == len(expected)
     problems.expect_none()
 
 
@@ -204,14 +209,13 @@ def test_pages_follow_the_apis_cursor(page: Any, inspector: Inspector,
     with_key(page).goto(f"/ui/#/runs/{RUN}/rollouts")
     fill_filters(page, limit="10")
     first = inspector.get(f"/v1/runs/{RUN}/rollouts", limit=10)
-    assert shown_rollouts(page) == [r["rollout_id"] for r in first["rollouts"]]
+    expect_rollouts(page, first["rollouts"])
     page.get_by_role("link", name="Next page").click()
     second = inspector.get(f"/v1/runs/{RUN}/rollouts", limit=10, cursor=first["next_cursor"])
     page.wait_for_url(f"**cursor={first['next_cursor']}*")
-    assert shown_rollouts(page) == [r["rollout_id"] for r in second["rollouts"]]
+    expect_rollouts(page, second["rollouts"])
     page.get_by_role("link", name="First page").click()
-    page.locator("#rollouts").wait_for()
-    assert shown_rollouts(page) == [r["rollout_id"] for r in first["rollouts"]]
+    expect_rollouts(page, first["rollouts"])
     problems.expect_none()
 
 
