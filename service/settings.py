@@ -237,8 +237,9 @@ class Settings(WorkerSettings):
         "change it with `\"canaries\": {\"rate\": ...}` or turn them off with "
         "`\"canaries\": false`.")
     verdict_cache_entries: int = Field(
-        50_000, ge=1, description="Verdicts the API process keeps in memory, at most (the "
-        "least recently used go first).")
+        50_000, ge=1, description="Verdicts the API process keeps in memory, at most; when "
+        "full, the least recently used verdict of the tenant holding the most goes first "
+        "(one tenant cannot flush another's).")
     verdict_cache_ttl_s: float = Field(
         86_400.0, gt=0, description="How long a verdict stays in the shared Redis cache "
         "(distributed mode).")

@@ -8,7 +8,9 @@ parameters, reference, group context, prompt, completion, token count), so a hit
 verdict the verifier would give again, and results with the cache are bit-identical to
 results without it (``tests/unit/test_verdict_cache.py`` checks it on math and code).
 
-Two layers: an LRU in the API process (``REWARDD_VERDICT_CACHE_ENTRIES``), and in
+Two layers: an LRU per tenant in the API process under one bound
+(``REWARDD_VERDICT_CACHE_ENTRIES``; a full cache evicts from the tenant holding the most, so
+one tenant cannot flush another's verdicts: :class:`LocalVerdicts`), and in
 distributed mode Redis beside it (``REWARDD_VERDICT_CACHE_TTL_S``), shared by every API pod.
 Keys are per tenant: a hit would otherwise tell one tenant that another checked the same
 completion. Only successful verdicts are kept (a timeout or an unavailable sandbox is
@@ -42,33 +44,58 @@ REDIS_PREFIX = "rewardd:verdict:"
 
 
 class LocalVerdicts:
-    """The process's LRU of verdicts (thread-safe: jobs and requests share it)."""
+    """The process's verdicts, an LRU per tenant under one bound (thread-safe: jobs and
+    requests share it).
+
+    When the bound is reached, the entry evicted is the least recently used one of the
+    tenant holding the most entries: one tenant flooding the cache evicts its own verdicts
+    once it holds the largest share, never a quieter tenant's (which keep at least an even
+    share of the bound); with one tenant it is a plain LRU."""
 
     def __init__(self, entries: int) -> None:
         self._entries = entries
-        self._items: OrderedDict[str, Outcome] = OrderedDict()
+        self._tenants: dict[str, OrderedDict[str, Outcome]] = {}
+        self._size = 0
         self._lock = threading.Lock()
 
-    def get_many(self, keys: Sequence[str]) -> list[Outcome | None]:
+    def get_many(self, tenant: str, keys: Sequence[str]) -> list[Outcome | None]:
         with self._lock:
+            items = self._tenants.get(tenant)
+            if items is None:
+                return [None] * len(keys)
             found = []
             for key in keys:
-                outcome = self._items.get(key)
+                outcome = items.get(key)
                 if outcome is not None:
-                    self._items.move_to_end(key)
+                    items.move_to_end(key)
                 found.append(outcome)
             return found
 
-    def put_many(self, items: Sequence[tuple[str, Outcome]]) -> None:
+    def put_many(self, tenant: str, items: Sequence[tuple[str, Outcome]]) -> None:
+        if not items:
+            return
         with self._lock:
+            mine = self._tenants.setdefault(tenant, OrderedDict())
             for key, outcome in items:
-                self._items[key] = outcome
-                self._items.move_to_end(key)
-            while len(self._items) > self._entries:
-                self._items.popitem(last=False)
+                if key not in mine:
+                    self._size += 1
+                mine[key] = outcome
+                mine.move_to_end(key)
+            while self._size > self._entries:
+                largest = max(self._tenants, key=lambda name: len(self._tenants[name]))
+                bucket = self._tenants[largest]
+                bucket.popitem(last=False)
+                self._size -= 1
+                if not bucket:
+                    del self._tenants[largest]
+
+    def held(self, tenant: str) -> int:
+        """Entries ``tenant`` holds."""
+        with self._lock:
+            return len(self._tenants.get(tenant, ()))
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._size
 
 
 class SharedVerdicts:
@@ -128,8 +155,10 @@ class VerdictCache:
         """One request's use of the cache (its tenant; ``use``: the request's ``cache``)."""
         return CacheView(self, namespace, self.enabled and use)
 
-    async def get_many(self, keys: Sequence[str]) -> list[Outcome | None]:
-        found = self.local.get_many(keys)
+    async def get_many(self, tenant: str, keys: Sequence[str]) -> list[Outcome | None]:
+        """``tenant``'s verdicts of ``keys`` (the shared layer's keys carry the tenant:
+        :meth:`CacheView.key`)."""
+        found = self.local.get_many(tenant, keys)
         if self.shared is None:
             return found
         missing = [i for i, outcome in enumerate(found) if outcome is None]
@@ -138,11 +167,11 @@ class VerdictCache:
             back = [(keys[i], outcome) for i, outcome in zip(missing, remote) if outcome]
             for i, outcome in zip(missing, remote):
                 found[i] = outcome
-            self.local.put_many(back)
+            self.local.put_many(tenant, back)
         return found
 
-    async def put_many(self, items: Sequence[tuple[str, Outcome]]) -> None:
-        self.local.put_many(items)
+    async def put_many(self, tenant: str, items: Sequence[tuple[str, Outcome]]) -> None:
+        self.local.put_many(tenant, items)
         if self.shared is not None:
             await self.shared.put_many(items)
 
@@ -164,11 +193,12 @@ class CacheView:
     async def get_many(self, keys: Sequence[str]) -> list[Outcome | None]:
         if not self.enabled or not keys:
             return [None] * len(keys)
-        return await self.cache.get_many([self.key(k) for k in keys])
+        return await self.cache.get_many(self.namespace, [self.key(k) for k in keys])
 
     async def put_many(self, items: Sequence[tuple[str, Outcome]]) -> None:
         if self.enabled and items:
-            await self.cache.put_many([(self.key(k), outcome) for k, outcome in items])
+            await self.cache.put_many(self.namespace, [(self.key(k), outcome)
+                                                       for k, outcome in items])
 
     def count(self, hits: int, misses: int) -> None:
         self.hits += hits

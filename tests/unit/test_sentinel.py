@@ -4,8 +4,8 @@ A scripted policy is scored by the real pipeline (math and regex verifiers, a st
 audit) and its batches turned into step statistics by the record's own code; one exploit per
 signal drifts in from step 20 over 10 steps. Each exploit must raise its own signal within
 10 steps of its onset; clean runs with the same noise must raise nothing. The default suite
-runs 5 clean runs; the full acceptance (50 clean runs: at most one false alarm) is
-``make test-acceptance`` (marker ``acceptance``), whose figures are in the README."""
+runs 5 clean runs; the full acceptance (each exploit on ten seeds; 50 clean runs: at most
+one false alarm) is ``make test-acceptance`` (marker ``acceptance``), whose figures are in the README."""
 
 from __future__ import annotations
 
@@ -43,6 +43,15 @@ def test_no_alert_before_an_exploits_onset() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_a_clean_run_raises_nothing(seed: int) -> None:
     assert sentinel.evaluate(simulate(seed=100 + seed)) == []
+
+
+@pytest.mark.acceptance
+@pytest.mark.parametrize("signal", sorted(EXPLOITS))
+def test_each_exploit_is_flagged_within_10_steps_on_ten_seeds(signal: str) -> None:
+    for seed in range(10, 20):
+        alerts = [a for a in sentinel.evaluate(simulate(seed=seed, exploit=signal))
+                  if a.signal == signal]
+        assert alerts and ONSET <= alerts[0].step <= ONSET + WITHIN, (seed, alerts[:1])
 
 
 @pytest.mark.acceptance

@@ -216,6 +216,24 @@ def test_the_local_layer_forgets_the_least_recently_used():
         True, False, True]
 
 
+def test_a_tenant_flooding_the_cache_evicts_its_own_verdicts_not_anothers():
+    cache = VerdictCache.of(Settings(verdict_cache_entries=100), None)
+    quiet, flood = cache.view("quiet"), cache.view("flood")
+    asyncio.run(quiet.put_many([(f"q{i}", Outcome.success(1.0)) for i in range(30)]))
+    for burst in range(10):  # 1,000 verdicts through a cache of 100
+        asyncio.run(flood.put_many([(f"f{burst}-{i}", Outcome.success(0.0))
+                                    for i in range(100)]))
+    assert all(o is not None for o in asyncio.run(quiet.get_many([f"q{i}" for i in range(30)])))
+    assert cache.local.held("quiet") == 30 and cache.local.held("flood") == 70
+    assert len(cache.local) == 100
+    # the flood's newest verdicts are the ones it kept
+    assert asyncio.run(flood.get_many(["f9-99", "f0-0"]))[1] is None
+    # a quiet tenant growing past an even share is trimmed once it is the largest
+    asyncio.run(quiet.put_many([(f"q{i}", Outcome.success(1.0)) for i in range(30, 90)]))
+    assert cache.local.held("quiet") + cache.local.held("flood") == 100
+    assert cache.local.held("quiet") == cache.local.held("flood") == 50
+
+
 @pytest.fixture(scope="module")
 def private_redis():
     server = RedisServer().start()

@@ -18,7 +18,6 @@ _LIST = re.compile(
     rf"({_ANSWER})((?:\s*,\s*{_ANSWER})*)\s*,?\s+(?:or|\\text\{{\s*or\s*\}})\s+({_ANSWER})",
     re.IGNORECASE)
 _ITEM = re.compile(_ANSWER)
-_OR = re.compile(r"\bor\b", re.IGNORECASE)
 _WRAP = re.compile(r"^\\boxed\{|\}$|^\$|\$$")
 
 
@@ -30,8 +29,9 @@ def candidates(completion: str) -> int:
     """How many distinct candidate answers the completion's final statement offers in one
     disjunction (1 when it offers no choice)."""
     tail = completion[-TAIL_CHARS:]
-    if _OR.search(tail) is None:  # no disjunction at all: the common case, one cheap scan
-        return 1
+    lowered = tail.lower()
+    if " or " not in lowered and "{or}" not in lowered and "{ or }" not in lowered:
+        return 1  # no disjunction at all (the common case): a substring scan, no regex
     most = 1
     for found in _LIST.finditer(tail):
         items = [found.group(1), *_ITEM.findall(found.group(2)), found.group(3)]
