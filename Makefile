@@ -8,7 +8,8 @@ PORT ?= 8000
 VLLM_VENV := .venv-vllm
 
 .PHONY: install run test test-vllm test-trainers test-trl test-verl test-openrlhf-slime \
-        test-client-env test-loaded test-acceptance test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean
+        test-client-env test-loaded test-acceptance test-faults test-deploy test-abuse deploy-deps sandbox-deps redis grpc-node-deps bench openapi clean \
+        test-ui ui-browser ui-screenshots ui-vendor
 
 install: $(VENV)/.installed
 
@@ -173,7 +174,7 @@ redis:
 	    $(PY) -c "import redis; redis.Redis().ping()" 2>/dev/null && exit 0; sleep 0.5; done; \
 	  echo "rewardd: redis-server did not start; see /tmp/rewardd-test-redis.log" >&2; exit 1; }
 
-bench: install redis
+bench: install redis ui-browser
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) tests/benchmarks/bench_math.py --repeat 1
 	$(PY) tests/benchmarks/bench_math_side_by_side.py
@@ -192,6 +193,7 @@ bench: install redis
 	$(PY) tests/benchmarks/bench_record.py
 	$(PY) tests/benchmarks/bench_stream.py
 	$(PY) tests/benchmarks/bench_faults.py
+	$(PY) tests/benchmarks/bench_inspector.py
 
 # Fault injection with real processes (tests/faults): worker pods SIGKILLed, a private
 # redis-server restarted with and without persistence, Redis unreachable, SIGTERM with work in
@@ -233,6 +235,37 @@ deploy-deps: install sandbox-deps
 	    exit 1; \
 	  fi; \
 	done
+
+# The run inspector (/ui, docs/inspector.md) in a real browser: Debian's Chromium driven by
+# Playwright (tests/ui), against a real server with a recorded run. Playwright's own browser
+# download is not used: the tests launch /usr/bin/chromium.
+test-ui: install ui-browser
+	$(PY) -m pytest -m ui tests/ui
+
+# The same run, keeping a screenshot of each view in docs/ui/ (committed; docs/inspector.md).
+ui-screenshots: install ui-browser
+	REWARDD_UI_SCREENSHOTS=$(CURDIR)/docs/ui $(PY) -m pytest -m ui tests/ui
+
+ui-browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "rewardd: make test-ui needs Chromium at /usr/bin/chromium: install it (apt-get" \
+	         "install chromium) and rerun" >&2; exit 1; \
+	  fi; }
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install --quiet -e '.[dev]'
+
+# The inspector's chart library, uPlot, pinned by service/ui/package-lock.json: npm ci, then
+# its ES module, stylesheet and licence copied into service/ui/static/vendor/. The copies are
+# committed, so installing rewardd needs no npm; run this only to update (docs/inspector.md).
+UI_VENDOR := service/ui/static/vendor
+ui-vendor:
+	cd service/ui && npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(UI_VENDOR)
+	cp service/ui/node_modules/uplot/dist/uPlot.esm.js service/ui/node_modules/uplot/dist/uPlot.min.css \
+	  $(UI_VENDOR)/
+	cp service/ui/node_modules/uplot/LICENSE $(UI_VENDOR)/uPlot.LICENSE
 
 openapi: install
 	$(VENV)/bin/rewardd openapi

@@ -29,6 +29,7 @@ from rewardd.service.runtime import start_executor
 from rewardd.service.services import build_services
 from rewardd.service.services import install as install_services
 from rewardd.service.settings import Settings, get_settings
+from rewardd.service import ui
 from rewardd.advantages.errors import RequestInvalid
 from rewardd.workers.executor import Executor
 
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     for router in (score.router, jobs.router, sessions.router, verify.router, catalogue.router,
                    runs.router, compat.router, health.router):
         app.include_router(router)
+    ui.mount(app)  # the run inspector's static page, /ui (docs/inspector.md)
     app.add_middleware(CancelOnDisconnect)  # a client that left cancels its work
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(RequestContext)  # outermost: ids bound for every line, access log too
