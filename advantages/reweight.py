@@ -305,7 +305,9 @@ def _zscore(values: Tensor, group: Tensor, use: Tensor, num_groups: int) -> Tens
     inf = torch.full((num_groups,), float("inf"), dtype=torch.float64)
     lo = inf.scatter_reduce(0, group[use], values[use], "amin")
     hi = (-inf).scatter_reduce(0, group[use], values[use], "amax")
-    spread = (lo < hi)[group] & use
+    # a spread so small that its variance underflows (values a few ulps apart) has std 0:
+    # counted as constant (z = 0), never 0/0
+    spread = (lo < hi)[group] & use & (std[group] > 0)
     return torch.where(spread, centred / torch.where(spread, std[group], 1.0),
                        torch.zeros_like(values))
 

@@ -660,3 +660,13 @@ def test_catalogue_lists_the_transforms_and_reweights_with_their_inputs(
     assert listed["prm_delta"]["inputs"] == ["steps"]
     for name in ("overlong", "difficulty", "ha_dw", "uniqueness", "gagar", "glpo", "modulate"):
         assert all(p["description"] for p in listed[name]["params"]), name
+
+
+def test_modulate_treats_a_spread_whose_variance_underflows_as_constant() -> None:
+    """h a few ulps apart (found by hypothesis): its variance underflows to 0; z is 0, the
+    advantages are kept, never NaN."""
+    groups = groups_of([[1.0, 0.0]], num_tokens=[[1, 1]], signal=[[[0.0], [5e-324]]])
+    batch = batch_of(groups)
+    base = rollout_advantages([0.5, -0.5])
+    after = modulate(batch, base, ENTRIES["modulate"].Params(beta=0.5), PINS).token
+    assert after.tolist() == [0.5, -0.5]
