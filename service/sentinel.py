@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from rewardd.service.agreement import Agreement, combined
+from rewardd.service.gcpause import gc_paused
 from rewardd.service.stepstats import StepStats
 
 CURRENT = 3
@@ -145,8 +146,7 @@ def _share_check(read: Callable[[StepStats], float | None], floor: float, rise: 
 
 
 def _repeat_share(stats: StepStats) -> float | None:
-    most = max((len(prompts) for prompts in stats.tails.values()), default=0)
-    return stats.repeat_share if most >= 4 else (0.0 if stats.groups else None)
+    return stats.repeat_share if stats.most_shared >= 4 else (0.0 if stats.groups else None)
 
 
 def _repeated(current: Window, reference: Window, _: str | None
@@ -262,20 +262,27 @@ def evaluate(series: Series, since: int = 0) -> list[Alert]:
     already raised."""
     alerts: list[Alert] = []
     windows: Windows = {}
-    for signal in SIGNALS:
-        for component in _components(series, signal.name):
-            active = False
-            for position in range(len(series)):
-                found = raised_at(series, position, signal.name, component, windows)
-                now = bool(found and found[0])
-                if now and not active and position >= since:
-                    _, value, message = found  # type: ignore[misc]
-                    alerts.append(Alert(signal.name, series[position][0],
-                                        _onset(series, position, signal.name, component,
-                                               windows),
-                                        value, signal.threshold, message, component))
-                active = now
+    with gc_paused():  # windows of many small lists: no generation-2 passes over them
+        for signal in SIGNALS:
+            alerts.extend(_raises(series, signal, since, windows))
     alerts.sort(key=lambda a: (a.step, a.signal, a.component or ""))
+    return alerts
+
+
+def _raises(series: Series, signal: Signal, since: int, windows: Windows) -> list[Alert]:
+    """Every raise of ``signal`` (per component) over ``series``."""
+    alerts: list[Alert] = []
+    for component in _components(series, signal.name):
+        active = False
+        for position in range(len(series)):
+            found = raised_at(series, position, signal.name, component, windows)
+            now = bool(found and found[0])
+            if now and not active and position >= since:
+                _, value, message = found  # type: ignore[misc]
+                alerts.append(Alert(signal.name, series[position][0],
+                                    _onset(series, position, signal.name, component, windows),
+                                    value, signal.threshold, message, component))
+            active = now
     return alerts
 
 

@@ -32,6 +32,8 @@ MAX_TAILS = 32
 MAX_PROMPTS_PER_TAIL = 256
 MAX_AUDIT_PAIRS = 2048
 """(training, audit) pairs kept per step and audit component."""
+MOST_SHARED = "\x00most_shared"
+"""The key of :attr:`StepStats.most_shared` among derived values (no audit name has a NUL)."""
 LENIENT_RULES = frozenset({"last_number"})
 """Verdict readings that are lenient fallbacks: the math verifier's ``detail.rule`` when it
 took the last number of free text as the answer."""
@@ -97,9 +99,10 @@ class StepStats:
     """Audit component -> [training, audit] pairs."""
     canaries: dict[str, list[int]] = field(default_factory=dict)
     """Component -> [passed, failed]."""
-    _agreements: dict[str, Agreement] = field(default_factory=dict, repr=False,
-                                              compare=False)
-    """:meth:`agreement`'s answers (a rank correlation sorts its pairs: once per step)."""
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What is read of a step many times over (a window per step of the run) and costs a
+    pass: :meth:`agreement` (a rank correlation sorts its pairs), :attr:`most_shared`.
+    Emptied by :meth:`merge`."""
 
     # ---- merging and storing ------------------------------------------------------------------
 
@@ -108,7 +111,7 @@ class StepStats:
         ``tails=False``: leave the tails out (a window of several steps: tails are per
         step, and their merge is the costly part); ``pairs=False``: the audit pairs too
         (a window reads its steps' agreements, :meth:`agreement`)."""
-        self._agreements.clear()
+        self._derived.clear()
         for name in ("rollouts", "groups", "rewarded", "reward_sum", "reward_squares",
                      "lengths", "length_sum", "length_squares", "length_reward",
                      "length_reward_sum", "length_reward_squares", "positive", "hedged",
@@ -201,19 +204,27 @@ class StepStats:
         return self.lenient / self.positive if self.positive else None
 
     @property
+    def most_shared(self) -> int:
+        """The most prompts one rewarded tail was rewarded on."""
+        found = self._derived.get(MOST_SHARED)
+        if found is None:
+            found = self._derived[MOST_SHARED] = max(
+                (len(prompts) for prompts in self.tails.values()), default=0)
+        return found
+
+    @property
     def repeat_share(self) -> float | None:
         """The most prompts one rewarded tail was rewarded on, as a share of the step's
         groups (1.0: the same ending earned reward on every prompt)."""
         if not self.groups:
             return None
-        most = max((len(prompts) for prompts in self.tails.values()), default=0)
-        return most / self.groups
+        return self.most_shared / self.groups
 
     def agreement(self, name: str) -> Agreement:
         """Training vs audit component ``name`` over the step's pairs."""
-        found = self._agreements.get(name)
+        found = self._derived.get(name)
         if found is None:
-            found = self._agreements[name] = Agreement.of(
+            found = self._derived[name] = Agreement.of(
                 [(t, a) for t, a in self.audit.get(name, ())])
         return found
 
