@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 MAX_WATCHED_RUNS = 10_000
 """Runs whose active alerts a process remembers (the least recently written go first)."""
 
+MAX_KEPT_RUNS = 256
+"""A rollout's per-token advantages are kept in its summary (``advantages``: run-length
+encoded, the inspector's strip) up to this many runs; a longer encoding (token-level
+estimators over long completions) keeps only its length (``advantage_runs``): the record
+stays about its verdicts, not a copy of every advantage."""
+
 ROLLOUT_OVERHEAD_BYTES = 2048
 """What a queued rollout holds besides its completion (its request and response objects),
 for the queue's byte bound; an estimate, on the high side."""
@@ -249,6 +255,7 @@ def _summary(item: Mapping[str, Any], canaries: Any = None) -> dict[str, Any]:
     if audit:  # the audit components' verdicts on this rollout (never part of its reward)
         summary["audit"] = audit
     advantages = item.get("advantages")
+    runs: list[list[float]] | None = None
     if isinstance(advantages, (int, float)):  # output scalar
         summary["advantage_mean"] = float(advantages)
     elif isinstance(advantages, dict) and isinstance(advantages.get("rle"), list):
@@ -258,7 +265,25 @@ def _summary(item: Mapping[str, Any], canaries: Any = None) -> dict[str, Any]:
             summary["advantage_mean"] = math.fsum(v * n for v, n in runs) / tokens
     elif isinstance(advantages, list) and advantages:  # output dense
         summary["advantage_mean"] = math.fsum(advantages) / len(advantages)
+        runs = run_lengths(advantages)
+    if runs is not None:  # the inspector's per-token strip, when it is short enough to keep
+        if len(runs) <= MAX_KEPT_RUNS:
+            summary["advantages"] = [[float(v), int(n)] for v, n in runs]
+        else:
+            summary["advantage_runs"] = len(runs)
     return summary
+
+
+def run_lengths(values: Sequence[float]) -> list[list[float]]:
+    """``values`` as ``[value, count]`` runs of equal neighbours (exact equality: decoding
+    gives the same floats back)."""
+    runs: list[list[float]] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return runs
 
 
 def _all_zero(advantages: Any) -> bool | None:

@@ -6,6 +6,7 @@ one SQLite file keep every verdict on its own rollout."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import time
@@ -171,9 +172,12 @@ def expected(request: ScoreRequest, body: dict[str, Any], policy: str, now: floa
                 runs = advantages["rle"]
                 summary["advantage_mean"] = (math.fsum(v * n for v, n in runs)
                                              / sum(n for _, n in runs))
+                summary["advantages"] = [[float(v), n] for v, n in runs]
                 zero = all(v == 0 for v, n in runs if n)
             else:
                 summary["advantage_mean"] = math.fsum(advantages) / len(advantages)
+                summary["advantages"] = [[v, sum(1 for _ in same)]  # the strip, run-length
+                                         for v, same in itertools.groupby(advantages)]
                 zero = all(v == 0 for v in advantages)
             record = RolloutRecord("acme", "r", group.group_id, sent.rollout_id, verdicts_, now,
                                    2, group.source or group.data_source, summary, None, 3, zero)
@@ -250,3 +254,19 @@ def test_two_processes_writing_one_sqlite_file_keep_every_verdict_on_its_rollout
         page = store.rollouts(tenant, "shared", RolloutQuery(limit=1000))
         assert [item.record.rollout_id for item in page.items] == [f"r{i}" for i in range(1000)]
     store.close()
+
+
+def test_per_token_advantages_are_kept_run_length_encoded_up_to_a_bound() -> None:
+    """The inspector's strip: a rollout's advantages as runs, exact, while they are short;
+    beyond MAX_KEPT_RUNS only their count."""
+    from rewardd.service.records.recorder import MAX_KEPT_RUNS, _summary, run_lengths
+
+    dense = [0.5, 0.5, 0.0, -1.25, -1.25, -1.25]
+    assert run_lengths(dense) == [[0.5, 2], [0.0, 1], [-1.25, 3]]
+    kept = _summary({"reward": 1.0, "advantages": dense})
+    assert kept["advantages"] == [[0.5, 2], [0.0, 1], [-1.25, 3]]
+    assert [v for v, n in kept["advantages"] for _ in range(int(n))] == dense
+    long = [float(i % 2) for i in range(MAX_KEPT_RUNS + 1)]
+    kept = _summary({"reward": 1.0, "advantages": long})
+    assert "advantages" not in kept and kept["advantage_runs"] == MAX_KEPT_RUNS + 1
+    assert "advantages" not in _summary({"reward": 1.0, "advantages": 0.5})  # scalar output

@@ -245,7 +245,13 @@ def test_a_rollout_shows_its_completion_as_text_its_verdict_and_receipt(
     verdict = detail.locator("[data-component='math'] dl").first.inner_text()
     assert "Reward\n1" in verdict and "Outcome\nok" in verdict
     assert str(round(stored["summary"]["advantage_mean"], 4)) in detail.inner_text()
-    assert "not its per-token advantages" in detail.inner_text()
+    strip = detail.get_by_role("img", name=re.compile("Per-token advantages"))
+    segments = strip.locator(".run")
+    kept = stored["summary"]["advantages"]  # run-length encoded by the record
+    assert [[float(segments.nth(i).get_attribute("data-value")),
+             int(segments.nth(i).get_attribute("data-tokens"))]
+            for i in range(segments.count())] == kept
+    assert sum(n for _, n in kept) == stored["num_tokens"]
     screenshot(page, "rollout", tmp_path)
     problems.expect_none()
 

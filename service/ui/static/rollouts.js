@@ -120,8 +120,7 @@ function rolloutDetail(r) {
            ["Advantage mean", num(summary.advantage_mean)],
            ["All advantages zero", r.zero_advantage === null ? "– (no advantages)"
                                    : r.zero_advantage ? "yes" : "no"]]),
-    h("p", {class: "muted"}, "The record keeps each rollout's mean advantage, not its "
-                             + "per-token advantages, so there is no per-token strip."),
+    advantageStrip(summary),
     summary.canaries ? [h("h4", {}, "The batch's canaries"), json(summary.canaries)] : null,
     h("h3", {}, "Verdicts"),
     Object.entries(r.verdicts).map(([name, verdict]) => verdictOf(name, verdict)),
@@ -130,6 +129,41 @@ function rolloutDetail(r) {
       Object.entries(summary.audit).map(([name, audit]) => verdictOf(name, {
         reward: audit.reward, outcome: audit.ok ? "ok" : audit.error ?? "failed", status: audit,
       }, "audit"))] : null);
+}
+
+/** The rollout's per-token advantages as a strip: one segment per run of equal values,
+ * as wide as its tokens, blue above zero and red below, stronger the larger |A| (the record
+ * keeps them run-length encoded up to 256 runs: `summary.advantages`). */
+function advantageStrip(summary) {
+  const runs = summary.advantages;
+  if (!Array.isArray(runs) || runs.length === 0) {
+    return h("p", {class: "muted"}, summary.advantage_runs
+      ? `Per-token advantages not kept: ${summary.advantage_runs} runs of values, over the `
+        + "record's bound of 256 (only their mean is)."
+      : "No per-token advantages recorded for this rollout (scalar output, or none).");
+  }
+  const tokens = runs.reduce((sum, [, n]) => sum + n, 0);
+  const largest = Math.max(...runs.map(([v]) => Math.abs(v))) || 1;
+  let start = 0;
+  const segments = runs.map(([value, count]) => {
+    const seg = h("span", {class: "run", title: `tokens ${start}–${start + count - 1}: ${value}`,
+                           dataset: {value: String(value), tokens: String(count)}});
+    const strength = 0.2 + 0.8 * Math.abs(value) / largest;  // CSSOM, allowed by the CSP
+    seg.style.flexGrow = String(count);
+    seg.style.backgroundColor = value > 0 ? `rgba(31, 119, 180, ${strength})`
+      : value < 0 ? `rgba(214, 39, 40, ${strength})` : "rgba(128, 128, 128, 0.25)";
+    start += count;
+    return seg;
+  });
+  const low = Math.min(...runs.map(([v]) => v)), high = Math.max(...runs.map(([v]) => v));
+  return fragment(
+    h("h3", {}, "Per-token advantages"),
+    h("div", {class: "strip", role: "img", "aria-label": `Per-token advantages over ${tokens} `
+              + `tokens in ${runs.length} runs, from ${num(low)} to ${num(high)}`}, segments),
+    h("details", {}, h("summary", {}, "Show the runs"),
+      table("Runs of equal advantages", [
+        {label: "Tokens", cell: ([, n]) => String(n), numeric: true},
+        {label: "Advantage", cell: ([v]) => num(v), numeric: true}], runs)));
 }
 
 /** One component's verdict: a reward component's (`kind` "reward") or an audit's. */
