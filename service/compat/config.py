@@ -136,24 +136,26 @@ class CompatConfig(Contract):
         if is_reserved(self.slime.path):
             raise ValueError(f"slime.path {self.slime.path!r} is another route of rewardd "
                              f"(the app's own routes come first, so slime would never be "
-                             f"reached); choose a path outside {RESERVED_PREFIX}/ and "
+                             f"reached); choose a path outside "
+                             f"{', '.join(p + '/' for p in RESERVED_PREFIXES)} and "
                              f"{', '.join(RESERVED_PATHS)}")
 
 
 RESERVED_PATHS = ("/get_reward", "/verify", "/healthz", "/readyz", "/metrics", "/docs",
                   "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 """The app's own routes outside the versioned API (tests/unit/test_compat_paths.py checks
-that every route of the app is covered by these and :data:`RESERVED_PREFIX`)."""
-RESERVED_PREFIX = "/v1"
-"""The versioned API: every path under it is rewardd's, today's routes and tomorrow's."""
+that every route of the app is covered by these and :data:`RESERVED_PREFIXES`)."""
+RESERVED_PREFIXES = ("/v1", "/ui")
+"""The versioned API and the run inspector's page and files: every path under them is
+rewardd's, today's routes and tomorrow's."""
 
 
 def is_reserved(path: str) -> bool:
     """Whether ``path`` is (or may become) a route of rewardd itself; a trailing slash or a
     repeated one does not make it another path."""
     plain = "/" + "/".join(part for part in path.split("/") if part)
-    return plain in RESERVED_PATHS or plain == RESERVED_PREFIX \
-        or plain.startswith(RESERVED_PREFIX + "/")
+    return plain in RESERVED_PATHS or any(plain == prefix or plain.startswith(prefix + "/")
+                                          for prefix in RESERVED_PREFIXES)
 
 
 def _read(source: str) -> tuple[Any, str]:
