@@ -28,6 +28,10 @@ RELABEL = {
         "so the field (and rewardd's extraction) accepts it",
     ("test_all.py", "test_latex_notation", 6):
         "as above, with \\( .. \\) over three lines",
+    ("test_all.py", "test_set_rel_assymetry", 3):
+        "an inequality against its interval: math-verify accepts it only under its option "
+        "allow_set_relation_comp (the same table asserts 1 with it on, and 1 the other way "
+        "round by default); rewardd's lenient default reads x in [-2, 7] as -2 <= x <= 7",
     ("test_yujianll.py", "test_string_extraction", 9):
         "1 + 1/e is not 1 - 1/e; math-verify's label records its own false positive",
 }
@@ -38,6 +42,9 @@ DROP = {
     ("test_numina_cases.py", "test_numina_cases", 24):
         "the gold is malformed (an unclosed box, '\\\\' line breaks) and names W(n) where the "
         "prediction names W(x): the label depends on reading right-hand sides only",
+    ("test_all.py", "test_complex_math_expressions", 4):
+        "both sides hold a form feed where \\frac was meant (a '\\f' escape in a non-raw "
+        "string literal): the row only asserts that an unparseable string equals itself",
 }
 
 

@@ -29,7 +29,7 @@ solutions, and the few words that are answers themselves."""
 _SHORT_PROSE = frozenset(
     "is it so we be as at by if of to an on my me us he do go up am its the are was".split())
 _UNITS = frozenset(u.lower() for u in KNOWN_UNITS)
-_COMMANDS = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname|textnormal)\s*\{[^{}]*\}"
+_COMMANDS = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname|textnormal|begin|end)\s*\{[^{}]*\}"
                        r"|\\[a-zA-Z]+")
 _WORD = re.compile(r"(?<![a-zA-Z\\])[a-zA-Z]{2,}(?![a-zA-Z])")
 
