@@ -194,7 +194,7 @@ def test_is_prose(text, prose):
 
 @pytest.mark.parametrize(("text", "number"), [
     ("it is 3/4", "3/4"), ("AZ2B", None), ("x2 and y3", None), ("to 3\\frac12", "3\\frac12"),
-    ("-2.5 then", "-2.5"), ("a 2,74 b", None), ("\\log_2 8", "8"), ("in 1,000.", "1,000"),
+    ("-2.5 then", "-2.5"), ("a 2,74 b", "2,74"), ("a 1,5 b", "1,5"), ("1, 5", "5"), ("\\log_2 8", "8"), ("in 1,000.", "1,000"),
 ])
 def test_last_numeric(text, number):
     assert last_numeric(text) == number

@@ -13,7 +13,9 @@ loosely; rewardd's benchmark (``tests/benchmarks/bench_math.py``) compares the t
 Conventions (defaults: ``mode="lenient"``):
 
 * Numbers are exact: integers and fractions never get a tolerance; ``0.5 = 1/2``; thousands
-  separators, scientific notation (``1.5\\times10^{3}``) and mixed numbers (``3\\frac12``)
+  separators (``1,000``) are read, and a comma that cannot group thousands (``2,74``,
+  ``1000,99``, ``0,111``) is a decimal comma against one number, a list separator against a
+  list; scientific notation (``1.5\\times10^{3}``) and mixed numbers (``3\\frac12``)
   are read. A decimal with at least ``min_rounding_digits`` (4) significant digits equals a
   value it correctly rounds (``3.142 = \\pi``, but ``3.14 != \\pi``); decimals among
   themselves agree within ``rel_tol`` (1e-9, relative, never absolute).

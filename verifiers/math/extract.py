@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (FILLER, closing_number, is_prose, last_numeric,
+from rewardd.verifiers.math.prose import (FILLER, comma_is_decimal, closing_number, is_prose, last_numeric,
                                          math_spans, span_text, tidy, words)
 from rewardd.verifiers.text import find_last_boxed
 
@@ -239,7 +239,9 @@ def _last_number(text: str) -> str | None:
     if _DENIAL.search(text[-200:]) is not None:
         return None  # "... so it is not 8.": the last number is what the text rules out
     number = last_numeric(text)
-    return number.replace(",", "") if number is not None else None
+    if number is None or comma_is_decimal(number):
+        return number
+    return number.replace(",", "")
 
 
 def _boxed(text: str) -> str | None:

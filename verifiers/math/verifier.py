@@ -18,6 +18,8 @@ from pydantic import Field
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
 from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
+from rewardd.verifiers.math.answer import NumberLeaf
+from rewardd.verifiers.math.prose import comma_is_decimal
 from rewardd.verifiers.math.several import boxes_together, decimal_comma
 from rewardd.verifiers.math.extract import (choice_letter, clean_answer, extract_answer, extract_choice,
                                             reference_answer)
@@ -58,9 +60,11 @@ class MathParams(VerifierParams):
     written."""
     decimal_comma: bool = False
     """``true``: an answer or reference that is one number with one comma between digits
-    (``2,74``, ``-0{,}5``) is a decimal, 2.74, as written in much of Europe. ``false``
-    (default): such a comma separates a list (``1,5`` is 1 and 5) or thousands (``1,000``),
-    so a list is never read as a decimal by accident."""
+    (``2,74``, ``-0{,}5``, even ``1,000``) is a decimal, as written in much of Europe.
+    ``false`` (default): a comma that cannot group thousands (not followed by exactly three
+    digits, or after ``0`` or four digits: ``2,74``, ``1000,99``, ``0,111``) is a decimal
+    comma when the other side is one number, and separates a list when the other side is a
+    list; ``1,000`` groups thousands; ``1, 5`` (a space) is a list."""
 
     def options(self) -> Options:
         percent = self.percent or ("either" if self.mode == "lenient" else "fraction")
@@ -102,7 +106,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
-    revision = "2"
+    revision = "3"
     deterministic = True
     description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
                    "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
@@ -155,6 +159,13 @@ class MathVerifier(Verifier):
                 answer, rule = together, "boxes_together"
         if answer is not None and params.decimal_comma:
             answer = decimal_comma(answer)
+        elif answer is not None:  # a comma that cannot group thousands, against one number
+            if comma_is_decimal(answer) and isinstance(parsed_reference, NumberLeaf):
+                answer = decimal_comma(answer)
+            elif comma_is_decimal(ref_text) and isinstance(_parsed(answer, params.max_digits),
+                                                           NumberLeaf):
+                ref_text = decimal_comma(ref_text)
+                parsed_reference = _parsed(ref_text, params.max_digits)
         detail: dict[str, Any] = {
             "extracted": None if answer is None else answer[:200],
             "rule": rule,
