@@ -10,7 +10,12 @@ of decimal places (so ``2^{-99}`` equals ``2^{-98}``), its signal-based timeouts
 the main thread and cannot stop big-integer arithmetic, and it reads plain-text equations
 loosely; rewardd's benchmark (``tests/benchmarks/bench_math.py``) compares the two.
 
-Conventions (defaults: ``mode="lenient"``):
+Extraction (``extraction``, issue 31): ``strict`` reads a box or an explicit final-answer
+phrase only; ``standard`` (default) every rule of :mod:`.extract` except a last number stated
+among candidates (``16 8``, ``3 or 4``) or followed by a sentence of words; ``lenient`` the
+last number anywhere. ``detail.extraction`` names the reading.
+
+Conventions (defaults: ``mode="lenient"``, ``extraction="standard"``):
 
 * Numbers are exact: integers and fractions never get a tolerance; ``0.5 = 1/2``; thousands
   separators (``1,000``) are read, and a comma that cannot group thousands (``2,74``,

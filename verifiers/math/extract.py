@@ -27,7 +27,10 @@ answer wins):
    that is not prose;
 7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
    ``1,000``, ``3\\frac12``, ``2^{10}``; never the denominator of a fraction, never a digit
-   glued inside a word such as ``AZ2B``).
+   glued inside a word such as ``AZ2B``). With ``extraction="standard"`` (the default) not
+   when the text states several candidates (``... 16 8``, ``3 or 4``) or
+   ends in a sentence of words after it; ``lenient`` reads it anywhere; ``strict`` stops
+   after rule 3 (a box or an explicit final-answer phrase only).
 
 A phrase found by rules 2 and 3 is tidied (:func:`rewardd.verifiers.math.prose.tidy`): ``$\\frac12$
 dollars`` gives ``\\frac12``. Words are never read as variables: a line with English words is
@@ -47,7 +50,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (FILLER, comma_is_decimal, closing_number, is_prose, last_numeric,
+from rewardd.verifiers.math.prose import (FILLER, NUMERIC, comma_is_decimal, closing_number, is_prose, last_numeric,
                                          math_spans, span_text, tidy, words)
 from rewardd.verifiers.text import find_last_boxed
 
@@ -244,6 +247,37 @@ def _last_number(text: str) -> str | None:
     return number.replace(",", "")
 
 
+_TAIL = 2_000
+"""How much of the end of a text the ``standard`` reading of a last number looks at."""
+_SENTENCE_BREAK = re.compile(r"[.!?;](?=\s)|\n")
+
+
+def _stated_last_number(text: str) -> str | None:
+    """``standard``: the last number of free text, unless the text states several candidates
+    or ends in non-answer text. Candidates: the number follows another with nothing but
+    spaces or "or" between them (``7 0 6 n What 9 sw 10 The 16 8 W``, ``3 or 4``).
+    Non-answer text: a further sentence of words after the number's (``... is 12.
+    Let me check that again``). A policy can farm a last-number reading by spraying or
+    trailing numbers; these are the readings it farms."""
+    tail = _without_politeness(text)[-_TAIL:]
+    if _DENIAL.search(tail[-200:]) is not None:
+        return None
+    matches = list(NUMERIC.finditer(tail))
+    if not matches:
+        return None
+    last = matches[-1]
+    after = tail[last.end():]
+    if (m := _SENTENCE_BREAK.search(after)) is not None and is_prose(after[m.end():]):
+        return None
+    if (len(matches) > 1 and _CANDIDATE_GAP.fullmatch(tail[matches[-2].end():last.start()])
+            and not ("/" in last.group() and matches[-2].group().strip().isdigit())):
+        return None  # "16 8", "3 or 4" (a mixed number "3 1/2" is one answer)
+    return _last_number(text)
+
+
+_CANDIDATE_GAP = re.compile(r"\s+|\s*,?\s*\bor\s+(?:maybe\s+|perhaps\s+)?\$?", re.IGNORECASE)
+
+
 def _boxed(text: str) -> str | None:
     boxed = find_last_boxed(text)
     return clean_answer(boxed) if boxed is not None and boxed.strip() else None
@@ -306,10 +340,28 @@ def extract_choice(completion: str, found: Extraction) -> str | None:
     return next(g for g in last.groups() if g)
 
 
+Level = Literal["strict", "standard", "lenient"]
+
+
+def _rules(mode: Literal["auto", "boxed"], level: Level
+           ) -> tuple[tuple[Rule, Callable[[str], str | None]], ...]:
+    if mode == "boxed":
+        return _AUTO_RULES[:1]
+    if level == "strict":
+        return tuple(r for r in _AUTO_RULES if r[0] in _STRONG)
+    if level == "standard":
+        return _AUTO_RULES[:-1] + (("last_number", _stated_last_number),)
+    return _AUTO_RULES
+
+
 def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "auto",
-                   boxed: Literal["last", "all"] = "last") -> Extraction:
+                   boxed: Literal["last", "all"] = "last",
+                   level: Level = "standard") -> Extraction:
     """Apply the rules of ``mode``: ``auto`` all of them in order, ``boxed`` only the first,
-    ``none`` none (the whole completion, stripped, is the answer).
+    ``none`` none (the whole completion, stripped, is the answer). ``level`` (the
+    ``extraction`` parameter) narrows ``auto``: ``strict`` keeps the explicit rules (a box,
+    "the answer is", an "Answer:" line), ``standard`` reads a last number unless the text
+    hedges around it (:func:`_stated_last_number`), ``lenient`` reads the last number anywhere.
 
     ``auto`` and ``boxed`` search the answer part of the completion first and its reasoning
     (inside ``<think>``) only when the answer part yields nothing."""
@@ -325,8 +377,7 @@ def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "au
                 return Extraction(", ".join(boxes), "boxed_all")
             if boxes:
                 break
-    rules = _AUTO_RULES if mode == "auto" else _AUTO_RULES[:1]
-    return _first_found([_money(s) for s in segments], rules)
+    return _first_found([_money(s) for s in segments], _rules(mode, level))
 
 
 def _first_found(segments: list[str],

@@ -35,6 +35,16 @@ class MathParams(VerifierParams):
     bare last line of mathematics, a closing "... is 34.", the last ``$..$``, the last
     numeric expression. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
     completion is the answer."""
+    extraction: Literal["strict", "standard", "lenient"] = "standard"
+    """How much free text ``extract: auto`` reads as an answer (issue 31), reported as
+    ``detail.extraction``. ``strict``: a box or an explicit final-answer phrase ("the answer
+    is", an "Answer:"/"Final Answer" line, ``####``) only. ``standard`` (default, for RL):
+    every ``auto`` rule, but the last number of free text is no answer when the completion
+    states several candidates (a number right after another, or after "or": ``16 8``,
+    ``3 or 4``) or ends in non-answer text (a sentence
+    of words after it): the readings a hedging policy would farm. ``lenient``: the last
+    number anywhere (before issue 31, the only reading). ``extract: boxed`` and ``none``
+    ignore it and report themselves."""
     boxed: Literal["last", "all"] = "last"
     """``last``: the last box is the answer, except where the reference has several parts
     (``2, 3``, ``\\{(1,2),(2,1)\\}``, ``k=45, n=2``) and the last box one: then the boxes are
@@ -91,6 +101,12 @@ def _verdict(reference: str, prediction: str, options: Options) -> tuple[bool, s
     return equivalent(ref, pred, options)
 
 
+def _reading(params: MathParams) -> str:
+    """``detail.extraction``: the reading used (``strict``/``standard``/``lenient`` under
+    ``extract: auto``; else ``boxed`` or ``none``)."""
+    return params.extraction if params.extract == "auto" else params.extract
+
+
 def clear_caches() -> None:
     """Forget every parsed answer and verdict (benchmarks measure cold parsing with it)."""
     _parsed.cache_clear()
@@ -106,7 +122,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
-    revision = "3"
+    revision = "4"
     deterministic = True
     description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
                    "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
@@ -150,7 +166,7 @@ class MathVerifier(Verifier):
         if isinstance(parsed_reference, str):
             raise InvalidReference(f"math verifier could not parse the reference answer "
                                    f"{ref_text[:200]!r}: {parsed_reference}")
-        found = extract_answer(sample.completion, params.extract, params.boxed)
+        found = extract_answer(sample.completion, params.extract, params.boxed, params.extraction)
         answer, rule = found.answer, str(found.rule)
         if rule == "boxed" and params.boxed == "last":
             together = boxes_together(sample.completion, parsed_reference,
@@ -172,6 +188,7 @@ class MathVerifier(Verifier):
             "parsed_prediction": None,
             "parsed_reference": describe(parsed_reference),
             "decided_by": None,
+            "extraction": _reading(params),
         }
         if answer is None:
             return Outcome.success(0.0, **detail)
@@ -187,12 +204,13 @@ class MathVerifier(Verifier):
 
     @staticmethod
     def _choice(sample: Sample, letter: str, params: MathParams) -> Outcome:
-        found = extract_answer(sample.completion, params.extract, params.boxed)
+        found = extract_answer(sample.completion, params.extract, params.boxed, params.extraction)
         chosen = extract_choice(sample.completion, found)
         return Outcome.success(1.0 if chosen == letter else 0.0,
                                extracted=None if found.answer is None else found.answer[:200],
                                rule=found.rule, parsed_prediction=chosen,
-                               parsed_reference=letter, decided_by="choice")
+                               parsed_reference=letter, decided_by="choice",
+                               extraction=_reading(params))
 
 
 __all__ = ["MathParams", "MathVerifier", "choice_letter", "clear_caches"]
