@@ -34,7 +34,10 @@ Conventions (defaults: ``mode="lenient"``, ``extraction="standard"``):
 * Equations are equal when one side-difference is a nonzero multiple of the other
   (``y = 2x+1`` is ``2x - y + 1 = 0``); inequalities likewise with a positive multiple and
   either direction written (``x > 3`` is ``3 < x``). Lenient: ``x = 5`` equals ``5`` and
-  ``x > 3`` equals ``(3, \\infty)``.
+  ``x > 3`` equals ``(3, \\infty)``. A chain answers with its last exact side (an
+  ``\\approx`` tail is dropped); a closed form equals its value (``2^{10} = 1024``), but an
+  equation is never its right side when that side has variables (``7 = 11a+c`` is not
+  ``11a+c``).
 * Sets and bare lists (``1, 2``) are unordered; tuples ordered; ``(1, 2)`` is both a point and
   an open interval; intervals compare endpoints and closedness; matrices entry by entry.
 * Words (``\\text{Yes}``) compare case-insensitively; a letter reference (``(C)``) makes the

@@ -158,7 +158,12 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
 
 def _labelled(text: str, max_digits: int, depth: int) -> Node | None:
     """``AB = 4`` as a labelled value, ``x = 5+5+1 = 11`` as ``x = 11``, ``2+3 = 5 = 5`` as
-    its last side (:mod:`rewardd.verifiers.math.labels`); None for any other text."""
+    its last side (:mod:`rewardd.verifiers.math.labels`); None for any other text. A chain's
+    ``\\approx`` tail is an approximation of the exact side before it, not the answer
+    (``x = 5+5+1 = 1/3 \\approx 11`` is ``x = 1/3``, issue 31)."""
+    approximate = _split_top(text, "\\approx")
+    if len(approximate) > 1 and "=" in approximate[0]:
+        text = approximate[0]
     sides = _split_top(text, "=")
     read = read_sides(sides) if len(sides) > 1 else None
     if read is None:
