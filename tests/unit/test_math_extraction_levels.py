@@ -52,3 +52,14 @@ def test_old_requests_stay_valid_and_a_wrong_level_is_refused():
     assert _check("it is 5", "5", {"extract": "auto", "mode": "lenient"}).reward == 1.0
     with pytest.raises(ValidationError):
         MathParams.model_validate({"extraction": "loose"})
+
+
+def test_words_in_a_math_span_answer_a_text_reference_only():
+    """``$odd$`` is no number and no expression: against ``\\text{odd}`` the words are the
+    answer (compared case-insensitively); against a number they are still no answer."""
+    assert _check("The sum is $odd$", "\\text{odd}").detail["rule"] == "text_span"
+    assert _check("The sum is $odd$", "\\text{odd}").reward == 1.0
+    assert _check("$Even$", "$\\text{even}$").reward == 1.0
+    assert _check("The sum is $odd$", "\\text{even}").reward == 0.0
+    assert _check("The sum is $odd$", "3").detail["rule"] == "no_answer"
+    assert _check("The sum is $odd$", "\\text{odd}", {"extraction": "strict"}).reward == 0.0

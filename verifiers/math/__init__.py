@@ -40,7 +40,8 @@ Conventions (defaults: ``mode="lenient"``, ``extraction="standard"``):
   ``11a+c``).
 * Sets and bare lists (``1, 2``) are unordered; tuples ordered; ``(1, 2)`` is both a point and
   an open interval; intervals compare endpoints and closedness; matrices entry by entry.
-* Words (``\\text{Yes}``) compare case-insensitively; a letter reference (``(C)``) makes the
+* Words (``\\text{Yes}``) compare case-insensitively, and words in a math span (``$odd$``)
+  answer a text reference (never a number); a letter reference (``(C)``) makes the
   question multiple choice and the chosen letter is compared.
 * Strict mode turns off rounding, assignment, set/list, interval/inequality, degree/radian
   and singleton leniencies, and reads ``p\\%`` as p/100.

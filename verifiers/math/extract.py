@@ -55,7 +55,7 @@ from rewardd.verifiers.math.prose import (FILLER, NUMERIC, comma_is_decimal, clo
 from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
-               "closing", "last_number", "whole",
+               "closing", "last_number", "whole", "text_span",
                "no_answer"]
 
 _FINAL_ANSWER = re.compile(
@@ -250,6 +250,28 @@ def _last_number(text: str) -> str | None:
 _TAIL = 2_000
 """How much of the end of a text the ``standard`` reading of a last number looks at."""
 _SENTENCE_BREAK = re.compile(r"[.!?;](?=\s)|\n")
+
+
+_WORDS_ONLY = re.compile(r"^[A-Za-z][A-Za-z '\-]{0,60}$")
+
+
+def text_span(completion: str) -> str | None:
+    """The last math span or box that holds only words (``$odd$``, ``$Even$``): the answer
+    against a reference that is text (``\\text{odd}``), where words are the answer; None
+    otherwise. Rules 1-7 never read words as an answer, since against a number they are not
+    one."""
+    parts = split_completion(completion)
+    for segment in (s for s in (parts.answer, parts.reasoning) if s.strip()):
+        boxed = find_last_boxed(segment)
+        candidates = [boxed] if boxed is not None else []
+        candidates += [span_text(m) for m in reversed(math_spans(segment))]
+        for candidate in candidates:
+            answer = clean_answer(candidate)
+            if _WORDS_ONLY.match(answer) and len(answer.split()) <= 6:
+                return answer
+            if boxed is not None:
+                break
+    return None
 
 
 def _stated_last_number(text: str) -> str | None:

@@ -18,11 +18,11 @@ from pydantic import Field
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
 from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
-from rewardd.verifiers.math.answer import NumberLeaf
+from rewardd.verifiers.math.answer import NumberLeaf, TextLeaf
 from rewardd.verifiers.math.prose import comma_is_decimal
 from rewardd.verifiers.math.several import boxes_together, decimal_comma
 from rewardd.verifiers.math.extract import (choice_letter, clean_answer, extract_answer, extract_choice,
-                                            reference_answer)
+                                            reference_answer, text_span)
 
 _CACHE_SIZE = 8192
 _CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$")
@@ -122,7 +122,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
-    revision = "5"
+    revision = "6"
     deterministic = True
     description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
                    "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
@@ -173,6 +173,10 @@ class MathVerifier(Verifier):
                                       lambda text: _parsed(text, params.max_digits))
             if together is not None:
                 answer, rule = together, "boxes_together"
+        if (answer is None and isinstance(parsed_reference, TextLeaf) and params.extract == "auto"
+                and params.extraction != "strict"):
+            answer = text_span(sample.completion)  # $odd$ against \text{odd}: words are it
+            rule = "text_span" if answer is not None else rule
         if answer is not None and params.decimal_comma:
             answer = decimal_comma(answer)
         elif answer is not None:  # a comma that cannot group thousands, against one number
