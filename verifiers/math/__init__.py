@@ -38,6 +38,9 @@ Conventions (defaults: ``mode="lenient"``, ``extraction="standard"``):
   ``\\approx`` tail is dropped); a closed form equals its value (``2^{10} = 1024``), but an
   equation is never its right side when that side has variables (``7 = 11a+c`` is not
   ``11a+c``).
+* A multi-answer reference needs all its parts, in any order, however joined (``19, 46,
+  and 82``; ``$21,16$ or $11$``; ``p=5,q=2;p=7,q=2``; ``p = -1 \\text{ and } p = 15/8``,
+  one unknown given two values).
 * Sets and bare lists (``1, 2``) are unordered; tuples ordered; ``(1, 2)`` is both a point and
   an open interval; intervals compare endpoints and closedness; matrices entry by entry.
 * Words (``\\text{Yes}``) compare case-insensitively, and words in a math span (``$odd$``)

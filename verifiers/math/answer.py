@@ -138,22 +138,49 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
             return Collection(kind, tuple(_parse(i, max_digits, depth + 1) for i in items))
     if text == "\\emptyset":
         return Collection("set", ())
-    items = _split_top(text, ",")
+    groups = [g for g in _split_top(text, ";") if g.strip()]
+    if len(groups) > 1 and all("," in g for g in groups):  # p=5,q=2;p=7,q=2: two solutions
+        return Collection("list", tuple(_parse(g, max_digits, depth + 1) for g in groups))
+    items = [_LEADING_CONNECTIVE.sub("", i) for i in _split_top(text, ",")]  # 19, 46, and 82
     if len(items) == 1:
         items = [p for p in _OR_WORDS.split(text) if p.strip()]
     if len(items) > 1:
-        return Collection("list", tuple(_parse(i, max_digits, depth + 1) for i in items
-                                        if i.strip()))
+        return _list(items, max_digits, depth)
     conjuncts = [p for p in _AND_WORDS.split(text) if p.strip()]
     if len(conjuncts) > 1:
         parts = [_parse(p, max_digits, depth + 1) for p in conjuncts]
         if all(isinstance(p, ExprLeaf) and isinstance(p.expr, sympy.core.relational.Relational)
-               for p in parts):  # "x > 1 and x < 3"
+               for p in parts) and not _solutions_of_one_unknown(parts):  # "x > 1 and x < 3"
             return ExprLeaf(sympy.And(*(p.expr for p in parts), evaluate=False))
         return Collection("list", tuple(parts))
     if (labelled := _labelled(text, max_digits, depth)) is not None:
         return labelled
     return _leaf(text, max_digits)
+
+
+_LEADING_CONNECTIVE = re.compile(r"^\s*(?:\\text\{\s*(?:and|or)\s*\}|and\b|or\b)\s*")
+
+
+def _list(texts: list[str], max_digits: int, depth: int) -> Collection:
+    """A bare list of the items' texts; an unbracketed item that is a list itself (``21, 16``
+    or ``11``: ``16 or 11``) adds its items (issue 31); ``(0;0;0)`` stays one item."""
+    flat: list[Node] = []
+    for text in (t for t in texts if t.strip()):
+        item = _parse(text, max_digits, depth + 1)
+        bracketed = text.strip()[:1] in "([{" or text.strip().startswith("\\left")
+        flat.extend(item.items if isinstance(item, Collection) and item.kind == "list"
+                    and not bracketed else (item,))
+    return Collection("list", tuple(flat))
+
+
+def _solutions_of_one_unknown(parts: list[Node]) -> bool:
+    """``p = -1 and p = 15/8``: one symbol given different values is a list of solutions (it
+    cannot be both), not a conjunction."""
+    exprs = [p.expr for p in parts if isinstance(p, ExprLeaf)]
+    return (len(exprs) == len(parts)
+            and all(isinstance(e, sympy.Equality) and isinstance(e.lhs, sympy.Symbol)
+                    for e in exprs)
+            and len({e.lhs for e in exprs}) == 1 and len({e.rhs for e in exprs}) == len(exprs))
 
 
 def _labelled(text: str, max_digits: int, depth: int) -> Node | None:
