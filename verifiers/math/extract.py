@@ -443,6 +443,8 @@ def reference_answer(reference: str) -> str | None:
         return None
     if not _looks_like_solution(text):
         return text
+    if (joined := _joined_boxes(text)) is not None:
+        return joined
     parts = split_completion(text)
     for segment in (s for s in (parts.answer, parts.reasoning) if s.strip()):
         for rule, find in _AUTO_RULES:
@@ -454,6 +456,31 @@ def reference_answer(reference: str) -> str | None:
     return None
 
 
+_JOINING_GAP = re.compile(r"[^A-Za-z]*|.{0,40}?(?:\band\b|\bor\b|,|;).{0,40}?", re.DOTALL)
+
+
+def _joined_boxes(text: str) -> str | None:
+    """A reference whose boxes are joined as one answer (``\\boxed{1} papers and \\boxed{2}
+    bins``, ``\\boxed{35 cm} ++ \\boxed{4}``): every gap between boxes holds no words, or a
+    short one with "and"/"or"/a comma; the parts, as a list (issue 31). Boxes with prose
+    between them (``\\boxed{1} no no no \\boxed{2}``, a solution that boxes steps) are not
+    joined: the last box is the answer, as in a completion."""
+    starts = [m.start() for m in _BOX_START.finditer(text)]
+    boxes = find_all_boxed(text)
+    if len(boxes) < 2 or len(boxes) != len(starts):
+        return None
+    ends, position = [], 0
+    for box in boxes:
+        at = text.index(box, position)
+        ends.append(at + len(box) + 1)
+        position = ends[-1]
+    gaps = [text[end:start] for end, start in zip(ends, starts[1:])]
+    if not all(_JOINING_GAP.fullmatch(gap.replace("\\", " ")) for gap in gaps):
+        return None
+    parts = [clean_answer(b) for b in boxes]
+    return ", ".join(parts) if all(parts) else None
+
+
 _SOLUTION_WORDS = 6
 
 
@@ -461,9 +488,10 @@ def _looks_like_solution(text: str) -> bool:
     """A solution text rather than an answer: a box inside text, or prose that has math
     spans, several lines or several words (short text answers such as ``no solution`` stay
     answers)."""
-    if re.search(r"\\(?:boxed|fbox)\s*\{", text) and not re.fullmatch(
-            r"\\(?:boxed|fbox)\s*\{.*\}", text, re.DOTALL):
-        return True
+    if re.search(r"\\(?:boxed|fbox)\s*\{", text) and not (
+            len(find_all_boxed(text)) == 1 and re.fullmatch(
+            r"\\(?:boxed|fbox)\s*\{.*\}", text, re.DOTALL)):
+        return True  # a box inside text, or several boxes
     prose = words(re.sub(r"\\text\s*\{[^{}]*\}", " ", text))
     return is_prose(text) and (len(prose) >= _SOLUTION_WORDS or "\n" in text.strip()
                                or bool(math_spans(text)))
