@@ -63,3 +63,14 @@ def test_words_in_a_math_span_answer_a_text_reference_only():
     assert _check("The sum is $odd$", "\\text{even}").reward == 0.0
     assert _check("The sum is $odd$", "3").detail["rule"] == "no_answer"
     assert _check("The sum is $odd$", "\\text{odd}", {"extraction": "strict"}).reward == 0.0
+
+
+@pytest.mark.parametrize(("completion", "answer", "reward"), [
+    ("We get $d = 90/n$. Therefore, there are 12 distinct sequences.", "12", 1.0),
+    ("We get $d = 90/n$. Therefore, the error increases by 100%.", "100\\%", 1.0),
+    ("So $t = 8$. Final Answer: Jane started 3 hours ago.", "3", 1.0),
+    ("Final Answer: The largest $n$ is 34.", "34", 1.0),
+    ("We get $d = 90/n$. Therefore, 12 or 13 sequences remain.", "12", 0.0),  # two numbers
+])
+def test_a_concluding_sentence_with_one_number_answers(completion, answer, reward):
+    assert _check(completion, answer).reward == reward

@@ -23,6 +23,8 @@ answer wins):
    (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``, ``It is 5 and 6.``),
    unless the last math span of that sentence states a value (``$y = 7$``: then the span,
    rule 6, is the answer as before);
+5b. ``conclusion``: a final sentence of prose that concludes (Therefore/Thus/Hence/So, or
+   "Final Answer:" in running text) with exactly one number and no math span (issue 31);
 6. ``dollar``: the last ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]`` math span
    that is not prose;
 7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
@@ -50,12 +52,12 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (FILLER, NUMERIC, comma_is_decimal, closing_number, is_prose, last_numeric,
+from rewardd.verifiers.math.prose import (FILLER, NUMERIC, comma_is_decimal, only_number, closing_number, is_prose, last_numeric,
                                          math_spans, span_text, tidy, words)
 from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
-               "closing", "last_number", "whole", "text_span",
+               "closing", "conclusion", "last_number", "whole", "text_span",
                "no_answer"]
 
 _FINAL_ANSWER = re.compile(
@@ -233,6 +235,26 @@ def _closing(text: str) -> str | None:
     return closing_number(sentence)
 
 
+_CONCLUSION = re.compile(r"^(?:therefore|thus|hence|so|consequently|in conclusion|final answer\s*:)",
+                         re.IGNORECASE)
+
+
+def _conclusion(text: str) -> str | None:
+    """A final sentence of prose that concludes (Therefore/Thus/Hence/So/"Final Answer:" in
+    running text) with exactly one
+    number and no math span: the number (``Therefore, there are 12 distinct sequences``,
+    ``Therefore, the error increases by 100%``), after the last math span of the reasoning
+    (issue 31)."""
+    text = _without_politeness(text).rstrip(".!").strip()
+    spans = math_spans(text)
+    start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
+    start = max(start, spans[-1].end if spans else 0)
+    sentence = text[start:].strip(" \t.")
+    if not _CONCLUSION.match(sentence) or math_spans(sentence) or not is_prose(sentence):
+        return None
+    return only_number(sentence)
+
+
 def _states_value(math: str) -> bool:
     """A relation with a number in it (``y = 7``), not a name (``n``, ``2^{100}``)."""
     return any(ch.isdigit() for ch in math) and _RELATION.search(math) is not None
@@ -311,6 +333,7 @@ _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
     ("answer_line", _answer_line),
     ("bare", _bare),
     ("closing", _closing),
+    ("conclusion", _conclusion),
     ("dollar", _dollar),
     ("last_number", _last_number),
 )

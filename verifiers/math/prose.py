@@ -204,6 +204,8 @@ def tidy(phrase: str) -> str:
         if inner and _CONNECTORS.match(outside):
             return ", ".join(inner)
         if inner and is_prose(outside):
+            if not any(ch.isdigit() for ch in inner[0]) and (n := closing_number(phrase)):
+                return n  # "The largest $n$ is 34": the span names, the number answers
             return inner[0]
         return re.sub(r"\s+", " ", _replace_spans(phrase, spans,
                                                   lambda m: f" {span_text(m)} ")).strip()
@@ -211,9 +213,21 @@ def tidy(phrase: str) -> str:
         return phrase
     if (m := first_numeric(phrase)) is not None and m.start() == 0:
         return m.group(0).strip()
-    return closing_number(phrase) or phrase
+    return closing_number(phrase) or only_number(phrase) or phrase
 
 
-__all__ = ["FILLER", "NUMERIC", "Span", "closing_number", "comma_is_decimal", "first_numeric", "is_prose", "last_numeric",
+def only_number(sentence: str) -> str | None:
+    """The one number of a sentence of prose (``Jane started growing Sphere 3 hours ago``,
+    ``... increases by 100%``, a percent sign kept), None when it has none or several."""
+    found = list(NUMERIC.finditer(sentence))
+    if len(found) != 1:
+        return None
+    number = found[0].group(0).strip()
+    if re.match(r"\s*\\?%", sentence[found[0].end():]):
+        number += "\\%"
+    return number
+
+
+__all__ = ["FILLER", "NUMERIC", "Span", "closing_number", "comma_is_decimal", "first_numeric", "is_prose", "last_numeric", "only_number",
            "math_spans", "span_text",
            "tidy", "words"]
