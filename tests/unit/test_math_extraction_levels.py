@@ -70,6 +70,8 @@ def test_words_in_a_math_span_answer_a_text_reference_only():
     ("We get $d = 90/n$. Therefore, the error increases by 100%.", "100\\%", 1.0),
     ("So $t = 8$. Final Answer: Jane started 3 hours ago.", "3", 1.0),
     ("Final Answer: The largest $n$ is 34.", "34", 1.0),
+    ("So $2 \\cdot 100 = \\boxed{200}$. Final Answer: The final answer is $10,455$.", "10455", 1.0),
+    ("\\boxed{3} is what a careless reader gets; in fact the answer is 4.", "3", 1.0),
     ("We get $d = 90/n$. Therefore, 12 or 13 sequences remain.", "12", 0.0),  # two numbers
 ])
 def test_a_concluding_sentence_with_one_number_answers(completion, answer, reward):

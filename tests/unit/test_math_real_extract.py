@@ -87,6 +87,8 @@ def _states_its_answer(prediction: str) -> bool:
     template's tokens or a think block would frame the phrasing instead of the answer)."""
     if re.search(r"<\|?|</?think>|\uff5c", prediction):
         return False
+    if re.search(r"final answer", prediction, re.IGNORECASE):
+        return False  # already phrased: a phrasing around it frames a whole solution
     if len(re.findall(r"(?<!\\)\$", prediction)) % 2:
         return False  # a lone currency sign ($1,000.99): inside a phrasing's $..$ it pairs up
     if (box := find_last_boxed(prediction)) is not None and box.strip():

@@ -23,7 +23,7 @@ CASES = [json.loads(line) for line in PATH.read_text().splitlines() if line.stri
 MATH = MathVerifier()
 NOT_YET = frozenset({
     "mv-080",
-    "mv-164", 
+    
     "mv-207", "mv-217", 
 })
 

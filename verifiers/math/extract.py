@@ -10,7 +10,9 @@ and after a ``</think>`` only the text that follows it is searched, the reasonin
 that text holds no answer. Then, in priority order (the first rule that yields a non-empty
 answer wins):
 
-1. ``boxed``: the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced, nested braces OK);
+1. ``boxed``: the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced, nested braces OK),
+   unless "the final answer is X" follows it (boxed steps of the working, then the stated
+   final answer: rule 2, issue 31; a plain "the answer is" after a box does not count);
 2. ``final_answer_is``: the last "the (final) answer is X" (also "answer is: X", "the
    correct answer is X", "the answer to the problem is X"; case-insensitive; X runs to the
    end of its sentence, or is the next line when the phrase ends its line);
@@ -76,7 +78,8 @@ _PHRASE_CHARS = 2_000
 linear in the completion's length)."""
 _CANDIDATES = 32
 """How many of the last "the answer is" / "Answer:" phrases are tried."""
-_WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"),
+          ('\\"', '\\"'), ('"', '"'))
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
@@ -324,7 +327,16 @@ _CANDIDATE_GAP = re.compile(r"\s+|\s*,?\s*\bor\s+(?:maybe\s+|perhaps\s+)?\$?", r
 
 def _boxed(text: str) -> str | None:
     boxed = find_last_boxed(text)
-    return clean_answer(boxed) if boxed is not None and boxed.strip() else None
+    if boxed is None or not boxed.strip():
+        return None
+    starts = list(_BOX_START.finditer(text))
+    if starts:
+        end = starts[-1].end() + len(boxed) + 1
+        phrase = _FINAL_ANSWER.search(text, end)
+        if (phrase is not None and "final" in phrase.group(0).lower()
+                and _phrase(phrase.group("x"), text[phrase.end():])):
+            return None  # boxes in the working, then "The final answer is $10,455$": the phrase
+    return clean_answer(boxed)
 
 
 _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
