@@ -22,9 +22,7 @@ PATH = Path(__file__).resolve().parents[1] / "data" / "math_verify_suite.jsonl"
 CASES = [json.loads(line) for line in PATH.read_text().splitlines() if line.strip()]
 MATH = MathVerifier()
 NOT_YET = frozenset({
-    "mv-080",
-    
-    "mv-207", "mv-217", 
+    "mv-217",
 })
 
 

@@ -476,6 +476,10 @@ def reference_answer(reference: str) -> str | None:
     text = clean_answer(reference)
     if not text:
         return None
+    spans = math_spans(text)
+    if spans and not is_prose(outside := text.replace(spans[0].whole(text), " ")) and len(
+            spans) == 1 and words(outside):
+        return tidy(text)  # "$125$ miles": the value with its unit (issue 31)
     if not _looks_like_solution(text):
         return text
     if (joined := _joined_boxes(text)) is not None:
