@@ -2,9 +2,8 @@
 
 The set is data read from math-verify's test tables (``tests/support/math_verify_suite.py``
 rebuilds it; each case names its source file, test and row). Every case must get its label:
-no false positive, every positive. ``NOT_YET`` lists the cases the verifier still gets
-wrong while issue 31 is open; each must still be wrong (so the list only shrinks, and a fix
-removes its ids).
+no false positive, every positive. ``NOT_YET`` would list cases the verifier still gets
+wrong (each must still be wrong, so the list only shrinks); since issue 31 it is empty.
 """
 
 from __future__ import annotations
@@ -21,9 +20,7 @@ from rewardd.verifiers.math import MathVerifier
 PATH = Path(__file__).resolve().parents[1] / "data" / "math_verify_suite.jsonl"
 CASES = [json.loads(line) for line in PATH.read_text().splitlines() if line.strip()]
 MATH = MathVerifier()
-NOT_YET = frozenset({
-    "mv-217",
-})
+NOT_YET: frozenset[str] = frozenset()
 
 
 def test_every_case_names_its_source_and_the_set_is_whole():

@@ -307,7 +307,15 @@ def _leaf(text: str, max_digits: int) -> Node:
         return TextLeaf(" ".join((m.group(1) or m.group(2)).lower().split()))
     if any(_JUXTAPOSED_NUMBERS.match(side.strip()) for side in bare.split("=")):
         raise Unparseable("numbers side by side with nothing between them")
-    return ExprLeaf(_sympy(bare), notes)
+    try:
+        return ExprLeaf(_sympy(bare), notes)
+    except Unparseable:
+        if "\\pm" not in bare:
+            raise
+    # a \pm the grammar reads only at the top: inside a fraction it is the two values
+    # (\frac{-1 \pm \sqrt{13}}{4}), a set, as 1 \pm \sqrt2 is
+    return Collection("set", (_leaf(bare.replace("\\pm", "+", 1), max_digits),
+                              _leaf(bare.replace("\\pm", "-", 1), max_digits)))
 
 
 def _is_words(text: str) -> bool:
