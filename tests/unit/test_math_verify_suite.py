@@ -42,3 +42,20 @@ def test_case(case):
         assert not right, f"{case['id']} is right now: remove it from NOT_YET"
     else:
         assert right, (case["source"], outcome.reward, outcome.detail)
+
+
+@pytest.mark.parametrize(("prediction", "reference", "expected"), [
+    ("$e^{i\\pi} = -1$", "-1", True),
+    ("$e^{i\\pi} = 1$", "-1", False),
+    ("$\\lim_{x\\to 0}\\frac{\\sin x}{x} = 1$", "1", True),
+    ("$x + 1 = 5$", "5", False),  # an equation to solve, not a value stated
+    ("185\\", "185", True),
+    ("Area equals \\boxed{10^4} square units", "answer is 10000", True),
+    ("\\boxed{3.25}", "answer is 0.25 + 3", True),
+    ("<|im_start|>Answer: \\boxed{42}<|im_end|>", "42", True),
+    ("<|im_start|>user\nWhat is \\boxed{42}?<|im_end|>", "42", False),
+])
+def test_the_issue_examples_outside_the_tables(prediction, reference, expected):
+    """Issue 31's examples that math-verify's current test tables do not hold."""
+    outcome = run_verifier(MATH, Sample(prediction), {"answer": reference}, {})
+    assert outcome.ok and outcome.reward == (1.0 if expected else 0.0), outcome.detail

@@ -121,6 +121,8 @@ def clean_answer(text: str) -> str:
                     text = inner.strip()
         if text == prev:
             break
+    if text.endswith("\\") and not text.endswith("\\\\"):
+        text = text[:-1].strip()  # "185\": a stray backslash, no command
     if "$" in text and len(_UNESCAPED_DOLLAR.findall(text)) == 1:  # a span cut in half
         text = _LONE_DOLLAR.sub("", text).strip()
     return text
@@ -480,8 +482,8 @@ def reference_answer(reference: str) -> str | None:
     if spans and not is_prose(outside := text.replace(spans[0].whole(text), " ")) and len(
             spans) == 1 and words(outside):
         return tidy(text)  # "$125$ miles": the value with its unit (issue 31)
-    if not _looks_like_solution(text):
-        return text
+    if not _looks_like_solution(text) and _FINAL_ANSWER.search(text) is None:
+        return text  # ("answer is 10000" states its answer as a solution does)
     if (joined := _joined_boxes(text)) is not None:
         return joined
     parts = split_completion(text)

@@ -104,11 +104,18 @@ def _has_variable(text: str) -> bool:
     return re.search(r"[A-Za-z]", _COMMAND.sub("", _ENVIRONMENT.sub("", text))) is not None
 
 
+_BOUND = re.compile(r"\\(?:lim|sum|prod)\s*_\s*\{\s*([A-Za-z])")
+
+
 def _is_closed_form(text: str) -> bool:
-    """Text with no variable (no letter outside LaTeX commands): ``\\frac12\\cdot 4``,
-    ``2^{10}``, a ``vmatrix`` of numbers. ``2^{10} = 1024`` states the value 1024."""
+    """Text with no free variable: no letter outside LaTeX commands but Euler's ``e``, the
+    imaginary ``i`` and a variable bound by ``\\lim``/``\\sum``/``\\prod``
+    (``\\frac12\\cdot 4``, ``2^{10}``, ``e^{i\\pi}``, ``\\lim_{x\\to 0}\\frac{\\sin x}{x}``, a
+    ``vmatrix`` of numbers). ``2^{10} = 1024`` states the value 1024 (issue 31: and
+    ``e^{i\\pi} = -1`` states -1)."""
     bare = _COMMAND.sub("", _ENVIRONMENT.sub("", text))
-    return re.search(r"[A-Za-z]", bare) is None and re.search(r"\d", bare) is not None
+    letters = set(re.findall(r"[A-Za-z]", bare)) - set(_BOUND.findall(text)) - {"e", "i"}
+    return not letters and (re.search(r"\d", bare) is not None or bare != text)
 
 
 def written_ratio(text: str) -> str | None:

@@ -122,7 +122,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
-    revision = "12"
+    revision = "13"
     deterministic = True
     description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
                    "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
