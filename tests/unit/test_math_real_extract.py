@@ -23,7 +23,6 @@ from rewardd.verifiers.math.completion import split_completion, strip_template
 from rewardd.verifiers.math.extract import extract_answer, reference_answer
 from rewardd.verifiers.math.prose import is_prose, last_numeric, tidy
 from rewardd.verifiers.text import find_last_boxed
-from tests.unit.test_math_verify_suite import NOT_YET as MATH_VERIFY_NOT_YET
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -99,9 +98,7 @@ def _states_its_answer(prediction: str) -> bool:
 _ALL = [case for path in sorted(DATA.glob("math_*.jsonl")) for case in _load(path.name)]
 """Every labelled math set (the main set, the held-back set, this one, and later ones)."""
 PROPERTY_CASES = [c for c in _ALL if c["class"] != "adversarial"
-                  and c["id"] not in MATH_VERIFY_NOT_YET
                   and _states_its_answer(c["prediction"])]
-"""(The math-verify suite's cases still wrong while issue 31 is open join once they are right.)"""
 
 
 def test_the_phrasing_table_and_its_cases_are_large_enough():

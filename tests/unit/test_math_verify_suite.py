@@ -2,8 +2,7 @@
 
 The set is data read from math-verify's test tables (``tests/support/math_verify_suite.py``
 rebuilds it; each case names its source file, test and row). Every case must get its label:
-no false positive, every positive. ``NOT_YET`` would list cases the verifier still gets
-wrong (each must still be wrong, so the list only shrinks); since issue 31 it is empty.
+no false positive, every positive.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from rewardd.verifiers.math import MathVerifier
 PATH = Path(__file__).resolve().parents[1] / "data" / "math_verify_suite.jsonl"
 CASES = [json.loads(line) for line in PATH.read_text().splitlines() if line.strip()]
 MATH = MathVerifier()
-NOT_YET: frozenset[str] = frozenset()
 
 
 def test_every_case_names_its_source_and_the_set_is_whole():
@@ -30,7 +28,6 @@ def test_every_case_names_its_source_and_the_set_is_whole():
                for c in CASES)
     assert len({(c["prediction"], c["reference"]) for c in CASES}) == len(CASES)
     assert Counter(c["expected"] for c in CASES)[False] >= 30
-    assert NOT_YET <= {c["id"] for c in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -38,10 +35,7 @@ def test_case(case):
     outcome = run_verifier(MATH, Sample(case["prediction"]), {"answer": case["reference"]},
                            case.get("params", {}))
     right = outcome.ok and outcome.reward == (1.0 if case["expected"] else 0.0)
-    if case["id"] in NOT_YET:
-        assert not right, f"{case['id']} is right now: remove it from NOT_YET"
-    else:
-        assert right, (case["source"], outcome.reward, outcome.detail)
+    assert right, (case["source"], outcome.reward, outcome.detail)
 
 
 @pytest.mark.parametrize(("prediction", "reference", "expected"), [
