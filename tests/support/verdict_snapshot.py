@@ -34,7 +34,7 @@ from typing import Any, Iterator
 DATA = Path(__file__).resolve().parents[1] / "data"
 SNAPSHOT = DATA / "verdicts.json"
 MATH_CORPORA = ("math_cases.jsonl", "math_heldout.jsonl", "math_real_compare.jsonl",
-                "math_real_extract.jsonl")
+                "math_real_extract.jsonl", "math_verify_suite.jsonl")
 CORPUS = DATA / "verifier_corpus.jsonl"
 NEEDS_A_MODEL = frozenset({"refusal_judge", "continuation", "reward_model"})
 

@@ -221,8 +221,17 @@ def test_clock_times_and_zero_ratios_compare_as_written(completion, reference, r
 # ------------------------------------------------------------------ parameters
 
 
-def test_decimal_comma_is_a_parameter_off_by_default():
-    assert check("\\boxed{2,74}", "2.74").reward == 0.0
+def test_a_comma_that_cannot_group_thousands_is_a_decimal_against_one_number():
+    """Issue 31: ``2,74`` against one number is 2.74; against a list it stays a list;
+    ``1,000`` groups thousands; ``decimal_comma`` true reads every one-comma number as a
+    decimal."""
+    assert check("\\boxed{2,74}", "2.74").reward == 1.0
+    assert check("\\boxed{2.74}", "2,74").reward == 1.0
+    assert check("\\boxed{0,111}", "0.111").reward == 1.0
+    assert check("\\boxed{2,74}", "2, 74").reward == 1.0  # a list against a list
+    assert check("\\boxed{2,74}", "274").reward == 0.0
+    assert check("\\boxed{1,000}", "1").reward == 0.0
+    assert check("\\boxed{1,000}", "1000").reward == 1.0
     assert check("\\boxed{2,74}", "2.74", {"decimal_comma": True}).reward == 1.0
     assert check("\\boxed{2{,}74}", "2,74", {"decimal_comma": True}).reward == 1.0
     assert check("\\boxed{2,74}", "274", {"decimal_comma": True}).reward == 0.0

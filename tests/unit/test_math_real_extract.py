@@ -86,6 +86,10 @@ def _states_its_answer(prediction: str) -> bool:
     template's tokens or a think block would frame the phrasing instead of the answer)."""
     if re.search(r"<\|?|</?think>|\uff5c", prediction):
         return False
+    if re.search(r"final answer", prediction, re.IGNORECASE):
+        return False  # already phrased: a phrasing around it frames a whole solution
+    if len(re.findall(r"(?<!\\)\$", prediction)) % 2:
+        return False  # a lone currency sign ($1,000.99): inside a phrasing's $..$ it pairs up
     if (box := find_last_boxed(prediction)) is not None and box.strip():
         return True
     return "\n" not in prediction.strip() and not is_prose(prediction)
@@ -189,7 +193,7 @@ def test_is_prose(text, prose):
 
 @pytest.mark.parametrize(("text", "number"), [
     ("it is 3/4", "3/4"), ("AZ2B", None), ("x2 and y3", None), ("to 3\\frac12", "3\\frac12"),
-    ("-2.5 then", "-2.5"), ("a 2,74 b", None), ("\\log_2 8", "8"), ("in 1,000.", "1,000"),
+    ("-2.5 then", "-2.5"), ("a 2,74 b", "2,74"), ("a 1,5 b", "1,5"), ("1, 5", "5"), ("\\log_2 8", "8"), ("in 1,000.", "1,000"),
 ])
 def test_last_numeric(text, number):
     assert last_numeric(text) == number

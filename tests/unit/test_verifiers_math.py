@@ -108,7 +108,8 @@ def test_math_is_registered_as_math():
 def test_math_detail_has_parsed_forms():
     out = check("\\boxed{0.5}", "\\frac{1}{2}")
     assert out.detail == {"extracted": "0.5", "rule": "boxed", "parsed_prediction": "1/2",
-                          "parsed_reference": "1/2", "decided_by": "exact"}
+                          "parsed_reference": "1/2", "decided_by": "exact",
+                          "extraction": "standard"}
 
 
 @pytest.mark.parametrize(("completion", "answer", "params", "decided_by"), [

@@ -10,10 +10,17 @@ of decimal places (so ``2^{-99}`` equals ``2^{-98}``), its signal-based timeouts
 the main thread and cannot stop big-integer arithmetic, and it reads plain-text equations
 loosely; rewardd's benchmark (``tests/benchmarks/bench_math.py``) compares the two.
 
-Conventions (defaults: ``mode="lenient"``):
+Extraction (``extraction``, issue 31): ``strict`` reads a box or an explicit final-answer
+phrase only; ``standard`` (default) every rule of :mod:`.extract` except a last number stated
+among candidates (``16 8``, ``3 or 4``) or followed by a sentence of words; ``lenient`` the
+last number anywhere. ``detail.extraction`` names the reading.
+
+Conventions (defaults: ``mode="lenient"``, ``extraction="standard"``):
 
 * Numbers are exact: integers and fractions never get a tolerance; ``0.5 = 1/2``; thousands
-  separators, scientific notation (``1.5\\times10^{3}``) and mixed numbers (``3\\frac12``)
+  separators (``1,000``) are read, and a comma that cannot group thousands (``2,74``,
+  ``1000,99``, ``0,111``) is a decimal comma against one number, a list separator against a
+  list; scientific notation (``1.5\\times10^{3}``) and mixed numbers (``3\\frac12``)
   are read. A decimal with at least ``min_rounding_digits`` (4) significant digits equals a
   value it correctly rounds (``3.142 = \\pi``, but ``3.14 != \\pi``); decimals among
   themselves agree within ``rel_tol`` (1e-9, relative, never absolute).
@@ -27,10 +34,17 @@ Conventions (defaults: ``mode="lenient"``):
 * Equations are equal when one side-difference is a nonzero multiple of the other
   (``y = 2x+1`` is ``2x - y + 1 = 0``); inequalities likewise with a positive multiple and
   either direction written (``x > 3`` is ``3 < x``). Lenient: ``x = 5`` equals ``5`` and
-  ``x > 3`` equals ``(3, \\infty)``.
+  ``x > 3`` equals ``(3, \\infty)``. A chain answers with its last exact side (an
+  ``\\approx`` tail is dropped); a closed form equals its value (``2^{10} = 1024``), but an
+  equation is never its right side when that side has variables (``7 = 11a+c`` is not
+  ``11a+c``).
+* A multi-answer reference needs all its parts, in any order, however joined (``19, 46,
+  and 82``; ``$21,16$ or $11$``; ``p=5,q=2;p=7,q=2``; ``p = -1 \\text{ and } p = 15/8``,
+  one unknown given two values).
 * Sets and bare lists (``1, 2``) are unordered; tuples ordered; ``(1, 2)`` is both a point and
   an open interval; intervals compare endpoints and closedness; matrices entry by entry.
-* Words (``\\text{Yes}``) compare case-insensitively; a letter reference (``(C)``) makes the
+* Words (``\\text{Yes}``) compare case-insensitively, and words in a math span (``$odd$``)
+  answer a text reference (never a number); a letter reference (``(C)``) makes the
   question multiple choice and the chosen letter is compared.
 * Strict mode turns off rounding, assignment, set/list, interval/inequality, degree/radian
   and singleton leniencies, and reads ``p\\%`` as p/100.

@@ -138,17 +138,19 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
             return Collection(kind, tuple(_parse(i, max_digits, depth + 1) for i in items))
     if text == "\\emptyset":
         return Collection("set", ())
-    items = _split_top(text, ",")
+    groups = [g for g in _split_top(text, ";") if g.strip()]
+    if len(groups) > 1 and all("," in g for g in groups):  # p=5,q=2;p=7,q=2: two solutions
+        return Collection("list", tuple(_parse(g, max_digits, depth + 1) for g in groups))
+    items = [_LEADING_CONNECTIVE.sub("", i) for i in _split_top(text, ",")]  # 19, 46, and 82
     if len(items) == 1:
         items = [p for p in _OR_WORDS.split(text) if p.strip()]
     if len(items) > 1:
-        return Collection("list", tuple(_parse(i, max_digits, depth + 1) for i in items
-                                        if i.strip()))
+        return _list(items, max_digits, depth)
     conjuncts = [p for p in _AND_WORDS.split(text) if p.strip()]
     if len(conjuncts) > 1:
         parts = [_parse(p, max_digits, depth + 1) for p in conjuncts]
         if all(isinstance(p, ExprLeaf) and isinstance(p.expr, sympy.core.relational.Relational)
-               for p in parts):  # "x > 1 and x < 3"
+               for p in parts) and not _solutions_of_one_unknown(parts):  # "x > 1 and x < 3"
             return ExprLeaf(sympy.And(*(p.expr for p in parts), evaluate=False))
         return Collection("list", tuple(parts))
     if (labelled := _labelled(text, max_digits, depth)) is not None:
@@ -156,9 +158,39 @@ def _parse(text: str, max_digits: int, depth: int) -> Node:
     return _leaf(text, max_digits)
 
 
+_LEADING_CONNECTIVE = re.compile(r"^\s*(?:\\text\{\s*(?:and|or)\s*\}|and\b|or\b)\s*")
+
+
+def _list(texts: list[str], max_digits: int, depth: int) -> Collection:
+    """A bare list of the items' texts; an unbracketed item that is a list itself (``21, 16``
+    or ``11``: ``16 or 11``) adds its items (issue 31); ``(0;0;0)`` stays one item."""
+    flat: list[Node] = []
+    for text in (t for t in texts if t.strip()):
+        item = _parse(text, max_digits, depth + 1)
+        bracketed = text.strip()[:1] in "([{" or text.strip().startswith("\\left")
+        flat.extend(item.items if isinstance(item, Collection) and item.kind == "list"
+                    and not bracketed else (item,))
+    return Collection("list", tuple(flat))
+
+
+def _solutions_of_one_unknown(parts: list[Node]) -> bool:
+    """``p = -1 and p = 15/8``: one symbol given different values is a list of solutions (it
+    cannot be both), not a conjunction."""
+    exprs = [p.expr for p in parts if isinstance(p, ExprLeaf)]
+    return (len(exprs) == len(parts)
+            and all(isinstance(e, sympy.Equality) and isinstance(e.lhs, sympy.Symbol)
+                    for e in exprs)
+            and len({e.lhs for e in exprs}) == 1 and len({e.rhs for e in exprs}) == len(exprs))
+
+
 def _labelled(text: str, max_digits: int, depth: int) -> Node | None:
     """``AB = 4`` as a labelled value, ``x = 5+5+1 = 11`` as ``x = 11``, ``2+3 = 5 = 5`` as
-    its last side (:mod:`rewardd.verifiers.math.labels`); None for any other text."""
+    its last side (:mod:`rewardd.verifiers.math.labels`); None for any other text. A chain's
+    ``\\approx`` tail is an approximation of the exact side before it, not the answer
+    (``x = 5+5+1 = 1/3 \\approx 11`` is ``x = 1/3``, issue 31)."""
+    approximate = _split_top(text, "\\approx")
+    if len(approximate) > 1 and "=" in approximate[0]:
+        text = approximate[0]
     sides = _split_top(text, "=")
     read = read_sides(sides) if len(sides) > 1 else None
     if read is None:
@@ -275,7 +307,15 @@ def _leaf(text: str, max_digits: int) -> Node:
         return TextLeaf(" ".join((m.group(1) or m.group(2)).lower().split()))
     if any(_JUXTAPOSED_NUMBERS.match(side.strip()) for side in bare.split("=")):
         raise Unparseable("numbers side by side with nothing between them")
-    return ExprLeaf(_sympy(bare), notes)
+    try:
+        return ExprLeaf(_sympy(bare), notes)
+    except Unparseable:
+        if "\\pm" not in bare:
+            raise
+    # a \pm the grammar reads only at the top: inside a fraction it is the two values
+    # (\frac{-1 \pm \sqrt{13}}{4}), a set, as 1 \pm \sqrt2 is
+    return Collection("set", (_leaf(bare.replace("\\pm", "+", 1), max_digits),
+                              _leaf(bare.replace("\\pm", "-", 1), max_digits)))
 
 
 def _is_words(text: str) -> bool:

@@ -253,8 +253,8 @@ def _open_pair_as_interval(node: Node) -> Node:
 
 
 def _relation_as_set(node: Node, other: Node) -> Node:
-    """An inequality in one variable as the interval(s) it describes (lenient mode), when the
-    other side is an interval or union."""
+    """An inequality in one variable, or in one function value (``0 < f(x) < 1``), as the
+    interval(s) it describes (lenient mode), when the other side is an interval or union."""
     if not isinstance(other, (Interval, Union_)):
         return node
     if isinstance(node, Collection) and node.kind == "list":  # "x < -2 or x > 2"
@@ -264,6 +264,9 @@ def _relation_as_set(node: Node, other: Node) -> Node:
     if not isinstance(node, ExprLeaf):
         return node
     expr = node.expr
+    functions = expr.atoms(sympy.core.function.AppliedUndef)
+    if len(functions) == 1:  # 0 < f(x) < 1 bounds the quantity f(x), as 0 < y < 1 bounds y
+        expr = expr.subs(functions.pop(), sympy.Dummy("bounded"))
     if not (isinstance(expr, (Relational, sympy.And, sympy.Or))
             and len(expr.free_symbols) == 1):
         return node

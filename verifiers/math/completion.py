@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 _HEADER = re.compile(
-    r"^\s*(?:<\|im_start\|>\s*assistant\b|<\|start_header_id\|>\s*assistant\s*<\|end_header_id\|>"
+    r"^\s*(?:<\|im_start\|>\s*assistant\b|<\|im_start\|>(?!\s*(?:user|system|tool)\b)|<\|start_header_id\|>\s*assistant\s*<\|end_header_id\|>"
     r"|<\|assistant\|>|<start_of_turn>\s*model\b|<\uff5cAssistant\uff5c>|<\|begin_of_text\|>"
     r"|<s>|<\|startoftext\|>)\s*")
 _TURN_END = re.compile(

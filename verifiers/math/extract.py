@@ -10,7 +10,9 @@ and after a ``</think>`` only the text that follows it is searched, the reasonin
 that text holds no answer. Then, in priority order (the first rule that yields a non-empty
 answer wins):
 
-1. ``boxed``: the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced, nested braces OK);
+1. ``boxed``: the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced, nested braces OK),
+   unless "the final answer is X" follows it (boxed steps of the working, then the stated
+   final answer: rule 2, issue 31; a plain "the answer is" after a box does not count);
 2. ``final_answer_is``: the last "the (final) answer is X" (also "answer is: X", "the
    correct answer is X", "the answer to the problem is X"; case-insensitive; X runs to the
    end of its sentence, or is the next line when the phrase ends its line);
@@ -23,11 +25,16 @@ answer wins):
    (``The largest $n$ is 34.``, ``So it is 8.``, ``It equals 1/2``, ``It is 5 and 6.``),
    unless the last math span of that sentence states a value (``$y = 7$``: then the span,
    rule 6, is the answer as before);
+5b. ``conclusion``: a final sentence of prose that concludes (Therefore/Thus/Hence/So, or
+   "Final Answer:" in running text) with exactly one number and no math span (issue 31);
 6. ``dollar``: the last ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]`` math span
    that is not prose;
 7. ``last_number``: the last whole numeric expression in the text (``3/4``, ``-2.5``,
    ``1,000``, ``3\\frac12``, ``2^{10}``; never the denominator of a fraction, never a digit
-   glued inside a word such as ``AZ2B``).
+   glued inside a word such as ``AZ2B``). With ``extraction="standard"`` (the default) not
+   when the text states several candidates (``... 16 8``, ``3 or 4``) or
+   ends in a sentence of words after it; ``lenient`` reads it anywhere; ``strict`` stops
+   after rule 3 (a box or an explicit final-answer phrase only).
 
 A phrase found by rules 2 and 3 is tidied (:func:`rewardd.verifiers.math.prose.tidy`): ``$\\frac12$
 dollars`` gives ``\\frac12``. Words are never read as variables: a line with English words is
@@ -47,12 +54,12 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rewardd.verifiers.math.completion import split_completion
-from rewardd.verifiers.math.prose import (FILLER, closing_number, is_prose, last_numeric,
+from rewardd.verifiers.math.prose import (FILLER, NUMERIC, comma_is_decimal, only_number, closing_number, is_prose, last_numeric,
                                          math_spans, span_text, tidy, words)
 from rewardd.verifiers.text import find_last_boxed
 
 Rule = Literal["boxed", "boxed_all", "final_answer_is", "answer_line", "dollar", "bare",
-               "closing", "last_number", "whole",
+               "closing", "conclusion", "last_number", "whole", "text_span",
                "no_answer"]
 
 _FINAL_ANSWER = re.compile(
@@ -71,7 +78,8 @@ _PHRASE_CHARS = 2_000
 linear in the completion's length)."""
 _CANDIDATES = 32
 """How many of the last "the answer is" / "Answer:" phrases are tried."""
-_WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_WRAPS = (("**", "**"), ("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"),
+          ('\\"', '\\"'), ('"', '"'))
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LONE_DOLLAR = re.compile(r"^\$(?!\$)|(?<![\\$])\$$")
 _HEADING_MARK = re.compile(r"^#{1,6}[ \t]+")
@@ -113,6 +121,8 @@ def clean_answer(text: str) -> str:
                     text = inner.strip()
         if text == prev:
             break
+    if text.endswith("\\") and not text.endswith("\\\\"):
+        text = text[:-1].strip()  # "185\": a stray backslash, no command
     if "$" in text and len(_UNESCAPED_DOLLAR.findall(text)) == 1:  # a span cut in half
         text = _LONE_DOLLAR.sub("", text).strip()
     return text
@@ -230,6 +240,26 @@ def _closing(text: str) -> str | None:
     return closing_number(sentence)
 
 
+_CONCLUSION = re.compile(r"^(?:therefore|thus|hence|so|consequently|in conclusion|final answer\s*:)",
+                         re.IGNORECASE)
+
+
+def _conclusion(text: str) -> str | None:
+    """A final sentence of prose that concludes (Therefore/Thus/Hence/So/"Final Answer:" in
+    running text) with exactly one
+    number and no math span: the number (``Therefore, there are 12 distinct sequences``,
+    ``Therefore, the error increases by 100%``), after the last math span of the reasoning
+    (issue 31)."""
+    text = _without_politeness(text).rstrip(".!").strip()
+    spans = math_spans(text)
+    start = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
+    start = max(start, spans[-1].end if spans else 0)
+    sentence = text[start:].strip(" \t.")
+    if not _CONCLUSION.match(sentence) or math_spans(sentence) or not is_prose(sentence):
+        return None
+    return only_number(sentence)
+
+
 def _states_value(math: str) -> bool:
     """A relation with a number in it (``y = 7``), not a name (``n``, ``2^{100}``)."""
     return any(ch.isdigit() for ch in math) and _RELATION.search(math) is not None
@@ -239,12 +269,76 @@ def _last_number(text: str) -> str | None:
     if _DENIAL.search(text[-200:]) is not None:
         return None  # "... so it is not 8.": the last number is what the text rules out
     number = last_numeric(text)
-    return number.replace(",", "") if number is not None else None
+    if number is None or comma_is_decimal(number):
+        return number
+    return number.replace(",", "")
+
+
+_TAIL = 2_000
+"""How much of the end of a text the ``standard`` reading of a last number looks at."""
+_SENTENCE_BREAK = re.compile(r"[.!?;](?=\s)|\n")
+
+
+_WORDS_ONLY = re.compile(r"^[A-Za-z][A-Za-z '\-]{0,60}$")
+
+
+def text_span(completion: str) -> str | None:
+    """The last math span or box that holds only words (``$odd$``, ``$Even$``): the answer
+    against a reference that is text (``\\text{odd}``), where words are the answer; None
+    otherwise. Rules 1-7 never read words as an answer, since against a number they are not
+    one."""
+    parts = split_completion(completion)
+    for segment in (s for s in (parts.answer, parts.reasoning) if s.strip()):
+        boxed = find_last_boxed(segment)
+        candidates = [boxed] if boxed is not None else []
+        candidates += [span_text(m) for m in reversed(math_spans(segment))]
+        for candidate in candidates:
+            answer = clean_answer(candidate)
+            if _WORDS_ONLY.match(answer) and len(answer.split()) <= 6:
+                return answer
+            if boxed is not None:
+                break
+    return None
+
+
+def _stated_last_number(text: str) -> str | None:
+    """``standard``: the last number of free text, unless the text states several candidates
+    or ends in non-answer text. Candidates: the number follows another with nothing but
+    spaces or "or" between them (``7 0 6 n What 9 sw 10 The 16 8 W``, ``3 or 4``).
+    Non-answer text: a further sentence of words after the number's (``... is 12.
+    Let me check that again``). A policy can farm a last-number reading by spraying or
+    trailing numbers; these are the readings it farms."""
+    tail = _without_politeness(text)[-_TAIL:]
+    if _DENIAL.search(tail[-200:]) is not None:
+        return None
+    matches = list(NUMERIC.finditer(tail))
+    if not matches:
+        return None
+    last = matches[-1]
+    after = tail[last.end():]
+    if (m := _SENTENCE_BREAK.search(after)) is not None and is_prose(after[m.end():]):
+        return None
+    if (len(matches) > 1 and _CANDIDATE_GAP.fullmatch(tail[matches[-2].end():last.start()])
+            and not ("/" in last.group() and matches[-2].group().strip().isdigit())):
+        return None  # "16 8", "3 or 4" (a mixed number "3 1/2" is one answer)
+    return _last_number(text)
+
+
+_CANDIDATE_GAP = re.compile(r"\s+|\s*,?\s*\bor\s+(?:maybe\s+|perhaps\s+)?\$?", re.IGNORECASE)
 
 
 def _boxed(text: str) -> str | None:
     boxed = find_last_boxed(text)
-    return clean_answer(boxed) if boxed is not None and boxed.strip() else None
+    if boxed is None or not boxed.strip():
+        return None
+    starts = list(_BOX_START.finditer(text))
+    if starts:
+        end = starts[-1].end() + len(boxed) + 1
+        phrase = _FINAL_ANSWER.search(text, end)
+        if (phrase is not None and "final" in phrase.group(0).lower()
+                and _phrase(phrase.group("x"), text[phrase.end():])):
+            return None  # boxes in the working, then "The final answer is $10,455$": the phrase
+    return clean_answer(boxed)
 
 
 _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
@@ -253,6 +347,7 @@ _AUTO_RULES: tuple[tuple[Rule, Callable[[str], str | None]], ...] = (
     ("answer_line", _answer_line),
     ("bare", _bare),
     ("closing", _closing),
+    ("conclusion", _conclusion),
     ("dollar", _dollar),
     ("last_number", _last_number),
 )
@@ -304,10 +399,28 @@ def extract_choice(completion: str, found: Extraction) -> str | None:
     return next(g for g in last.groups() if g)
 
 
+Level = Literal["strict", "standard", "lenient"]
+
+
+def _rules(mode: Literal["auto", "boxed"], level: Level
+           ) -> tuple[tuple[Rule, Callable[[str], str | None]], ...]:
+    if mode == "boxed":
+        return _AUTO_RULES[:1]
+    if level == "strict":
+        return tuple(r for r in _AUTO_RULES if r[0] in _STRONG)
+    if level == "standard":
+        return _AUTO_RULES[:-1] + (("last_number", _stated_last_number),)
+    return _AUTO_RULES
+
+
 def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "auto",
-                   boxed: Literal["last", "all"] = "last") -> Extraction:
+                   boxed: Literal["last", "all"] = "last",
+                   level: Level = "standard") -> Extraction:
     """Apply the rules of ``mode``: ``auto`` all of them in order, ``boxed`` only the first,
-    ``none`` none (the whole completion, stripped, is the answer).
+    ``none`` none (the whole completion, stripped, is the answer). ``level`` (the
+    ``extraction`` parameter) narrows ``auto``: ``strict`` keeps the explicit rules (a box,
+    "the answer is", an "Answer:" line), ``standard`` reads a last number unless the text
+    hedges around it (:func:`_stated_last_number`), ``lenient`` reads the last number anywhere.
 
     ``auto`` and ``boxed`` search the answer part of the completion first and its reasoning
     (inside ``<think>``) only when the answer part yields nothing."""
@@ -323,8 +436,7 @@ def extract_answer(completion: str, mode: Literal["auto", "boxed", "none"] = "au
                 return Extraction(", ".join(boxes), "boxed_all")
             if boxes:
                 break
-    rules = _AUTO_RULES if mode == "auto" else _AUTO_RULES[:1]
-    return _first_found([_money(s) for s in segments], rules)
+    return _first_found([_money(s) for s in segments], _rules(mode, level))
 
 
 def _first_found(segments: list[str],
@@ -366,8 +478,14 @@ def reference_answer(reference: str) -> str | None:
     text = clean_answer(reference)
     if not text:
         return None
-    if not _looks_like_solution(text):
-        return text
+    spans = math_spans(text)
+    if spans and not is_prose(outside := text.replace(spans[0].whole(text), " ")) and len(
+            spans) == 1 and words(outside):
+        return tidy(text)  # "$125$ miles": the value with its unit (issue 31)
+    if not _looks_like_solution(text) and _FINAL_ANSWER.search(text) is None:
+        return text  # ("answer is 10000" states its answer as a solution does)
+    if (joined := _joined_boxes(text)) is not None:
+        return joined
     parts = split_completion(text)
     for segment in (s for s in (parts.answer, parts.reasoning) if s.strip()):
         for rule, find in _AUTO_RULES:
@@ -379,6 +497,31 @@ def reference_answer(reference: str) -> str | None:
     return None
 
 
+_JOINING_GAP = re.compile(r"[^A-Za-z]*|.{0,40}?(?:\band\b|\bor\b|,|;).{0,40}?", re.DOTALL)
+
+
+def _joined_boxes(text: str) -> str | None:
+    """A reference whose boxes are joined as one answer (``\\boxed{1} papers and \\boxed{2}
+    bins``, ``\\boxed{35 cm} ++ \\boxed{4}``): every gap between boxes holds no words, or a
+    short one with "and"/"or"/a comma; the parts, as a list (issue 31). Boxes with prose
+    between them (``\\boxed{1} no no no \\boxed{2}``, a solution that boxes steps) are not
+    joined: the last box is the answer, as in a completion."""
+    starts = [m.start() for m in _BOX_START.finditer(text)]
+    boxes = find_all_boxed(text)
+    if len(boxes) < 2 or len(boxes) != len(starts):
+        return None
+    ends, position = [], 0
+    for box in boxes:
+        at = text.index(box, position)
+        ends.append(at + len(box) + 1)
+        position = ends[-1]
+    gaps = [text[end:start] for end, start in zip(ends, starts[1:])]
+    if not all(_JOINING_GAP.fullmatch(gap.replace("\\", " ")) for gap in gaps):
+        return None
+    parts = [clean_answer(b) for b in boxes]
+    return ", ".join(parts) if all(parts) else None
+
+
 _SOLUTION_WORDS = 6
 
 
@@ -386,9 +529,10 @@ def _looks_like_solution(text: str) -> bool:
     """A solution text rather than an answer: a box inside text, or prose that has math
     spans, several lines or several words (short text answers such as ``no solution`` stay
     answers)."""
-    if re.search(r"\\(?:boxed|fbox)\s*\{", text) and not re.fullmatch(
-            r"\\(?:boxed|fbox)\s*\{.*\}", text, re.DOTALL):
-        return True
+    if re.search(r"\\(?:boxed|fbox)\s*\{", text) and not (
+            len(find_all_boxed(text)) == 1 and re.fullmatch(
+            r"\\(?:boxed|fbox)\s*\{.*\}", text, re.DOTALL)):
+        return True  # a box inside text, or several boxes
     prose = words(re.sub(r"\\text\s*\{[^{}]*\}", " ", text))
     return is_prose(text) and (len(prose) >= _SOLUTION_WORDS or "\n" in text.strip()
                                or bool(math_spans(text)))

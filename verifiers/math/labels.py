@@ -77,7 +77,8 @@ def read_sides(sides: list[str]) -> tuple[str | None, str] | None:
     is a labelled value or a chain, else None (an equation, left to the grammar).
 
     ``AB = 4`` -> ("AB", "4"); ``x = 5+5+1 = 11`` -> ("x", "11"); ``2+3 = 5 = 5`` and
-    ``2^{10} = 1024`` (a closed form on the left) -> (None, last side); ``y = 2x+1`` -> None;
+    ``2^{10} = 1024`` (a closed form on the left, a value on the right) -> (None, last side);
+    ``7 = 11a+c`` and ``y = 2x+1`` -> None (equations);
     ``x = 1 < 2 = y`` -> None.
     """
     if len(sides) < 2 or not all(sides) or any(_RELATION_SIGN.search(s) for s in sides):
@@ -86,7 +87,9 @@ def read_sides(sides: list[str]) -> tuple[str | None, str] | None:
     if len(sides) == 2:
         if is_named_quantity(first):
             return first, last
-        return (None, last) if _is_closed_form(first) else None
+        # a closed form stated with its value (2^{10} = 1024), never an equation whose other
+        # side has variables: 7 = 11a+c is no answer 11a+c (issue 31)
+        return (None, last) if _is_closed_form(first) and not _has_variable(last) else None
     if is_named_quantity(first) or _PLAIN_SYMBOL.match(first):
         return first, last
     return None, last
@@ -96,11 +99,23 @@ _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[a-zA-Z*]+\}(?:\{[^{}]*\})?")
 _COMMAND = re.compile(r"\\[a-zA-Z]+")
 
 
+def _has_variable(text: str) -> bool:
+    """A letter outside LaTeX commands and environments (``11a+c``; not ``\\frac{\\pi}{2}``)."""
+    return re.search(r"[A-Za-z]", _COMMAND.sub("", _ENVIRONMENT.sub("", text))) is not None
+
+
+_BOUND = re.compile(r"\\(?:lim|sum|prod)\s*_\s*\{\s*([A-Za-z])")
+
+
 def _is_closed_form(text: str) -> bool:
-    """Text with no variable (no letter outside LaTeX commands): ``\\frac12\\cdot 4``,
-    ``2^{10}``, a ``vmatrix`` of numbers. ``2^{10} = 1024`` states the value 1024."""
+    """Text with no free variable: no letter outside LaTeX commands but Euler's ``e``, the
+    imaginary ``i`` and a variable bound by ``\\lim``/``\\sum``/``\\prod``
+    (``\\frac12\\cdot 4``, ``2^{10}``, ``e^{i\\pi}``, ``\\lim_{x\\to 0}\\frac{\\sin x}{x}``, a
+    ``vmatrix`` of numbers). ``2^{10} = 1024`` states the value 1024 (issue 31: and
+    ``e^{i\\pi} = -1`` states -1)."""
     bare = _COMMAND.sub("", _ENVIRONMENT.sub("", text))
-    return re.search(r"[A-Za-z]", bare) is None and re.search(r"\d", bare) is not None
+    letters = set(re.findall(r"[A-Za-z]", bare)) - set(_BOUND.findall(text)) - {"e", "i"}
+    return not letters and (re.search(r"\d", bare) is not None or bare != text)
 
 
 def written_ratio(text: str) -> str | None:

@@ -29,22 +29,26 @@ solutions, and the few words that are answers themselves."""
 _SHORT_PROSE = frozenset(
     "is it so we be as at by if of to an on my me us he do go up am its the are was".split())
 _UNITS = frozenset(u.lower() for u in KNOWN_UNITS)
-_COMMANDS = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname|textnormal)\s*\{[^{}]*\}"
+_COMMANDS = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname|textnormal|begin|end)\s*\{[^{}]*\}"
                        r"|\\[a-zA-Z]+")
 _WORD = re.compile(r"(?<![a-zA-Z\\])[a-zA-Z]{2,}(?![a-zA-Z])")
 
 _INT = r"\d{1,3}(?:,\d{3})+(?![\d,]\d)|\d+"
-_UNSIGNED = rf"(?:(?:{_INT})(?:\.\d+)?|\.\d+)"
+_DECIMAL_COMMA = r"(?:\d{4,}|0|\d{1,3}(?=,(?!\d{3}(?!\d))))(?:,\d+)(?![\d,])"
+"""A comma that cannot group thousands (``2,74``, ``1000,99``, ``0,111``): read whole, and
+:func:`comma_is_decimal` decides against the other side."""
+_UNSIGNED = rf"(?:{_DECIMAL_COMMA}|(?:{_INT})(?:\.\d+)?|\.\d+)"
 _ARG = r"(?:\{\s*\d+\s*\}|\d)"
 NUMERIC = re.compile(
     rf"(?<![\w.\\^_/])(?<!\d,)(?:(?<![\w)\]}}])-\s*)?"
     rf"(?:\\[dt]?frac\s*{_ARG}\s*{_ARG}"
     rf"|{_UNSIGNED}(?:\s*\\[dt]?frac\s*{_ARG}\s*{_ARG}"
     rf"|\s*/\s*{_UNSIGNED}(?![\d/])|\s*\^\s*(?:\{{\s*-?\d+\s*\}}|\d))?)"
-    r"(?![\w/^]|[.,]\d)")
+    r"(?!(?!(?:mm|cm|km|m|kg|mg|g|ml|l|s|h|min)[\u00b2\u00b3]?(?![a-zA-Z]))[\w/^]|[.,]\d)")
 """One whole number literal in running text: integer, decimal, grouped thousands, ``a/b``,
 ``\\frac{a}{b}``, a mixed number or an integer power; not preceded by a letter, digit, point
-or backslash (``AZ2B``, ``x2``, ``\\log_2``) and not followed by a letter (``2B``)."""
+or backslash (``AZ2B``, ``x2``, ``\\log_2``) and not followed by a letter (``2B``) other than
+a metric unit written against it (``1,000.99m\u00b2``, ``5kg``)."""
 
 _CONNECTORS = re.compile(r"^(?:[\s,;]|or|and)*$", re.IGNORECASE)
 _DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
@@ -129,6 +133,20 @@ def _replace_spans(text: str, spans: list[Span], replace: Callable[[Span], str])
     return "".join(out + [text[position:]])
 
 
+_AMBIGUOUS_COMMA = re.compile(r"^\s*[+-]?(\d+)(?:,|\{,\})(\d+)\s*$")
+
+
+def comma_is_decimal(answer: str) -> bool:
+    """One number with one comma, no space after it, that cannot separate thousands (``2,74``,
+    ``1000,99``, ``0,111``; not ``1,000``): a decimal comma when the other side is one number
+    (issue 31), read by :func:`rewardd.verifiers.math.several.decimal_comma`."""
+    m = _AMBIGUOUS_COMMA.match(answer)
+    if m is None:
+        return False
+    whole, fraction = m.groups()
+    return len(fraction) != 3 or len(whole) > 3 or whole.startswith("0")
+
+
 def last_numeric(text: str) -> str | None:
     """The last whole numeric expression in ``text`` (thousands separators kept)."""
     found = NUMERIC.findall(text)
@@ -186,6 +204,8 @@ def tidy(phrase: str) -> str:
         if inner and _CONNECTORS.match(outside):
             return ", ".join(inner)
         if inner and is_prose(outside):
+            if not any(ch.isdigit() for ch in inner[0]) and (n := closing_number(phrase)):
+                return n  # "The largest $n$ is 34": the span names, the number answers
             return inner[0]
         return re.sub(r"\s+", " ", _replace_spans(phrase, spans,
                                                   lambda m: f" {span_text(m)} ")).strip()
@@ -193,9 +213,21 @@ def tidy(phrase: str) -> str:
         return phrase
     if (m := first_numeric(phrase)) is not None and m.start() == 0:
         return m.group(0).strip()
-    return closing_number(phrase) or phrase
+    return closing_number(phrase) or only_number(phrase) or phrase
 
 
-__all__ = ["FILLER", "NUMERIC", "Span", "closing_number", "first_numeric", "is_prose", "last_numeric",
+def only_number(sentence: str) -> str | None:
+    """The one number of a sentence of prose (``Jane started growing Sphere 3 hours ago``,
+    ``... increases by 100%``, a percent sign kept), None when it has none or several."""
+    found = list(NUMERIC.finditer(sentence))
+    if len(found) != 1:
+        return None
+    number = found[0].group(0).strip()
+    if re.match(r"\s*\\?%", sentence[found[0].end():]):
+        number += "\\%"
+    return number
+
+
+__all__ = ["FILLER", "NUMERIC", "Span", "closing_number", "comma_is_decimal", "first_numeric", "is_prose", "last_numeric", "only_number",
            "math_spans", "span_text",
            "tidy", "words"]

@@ -18,9 +18,11 @@ from pydantic import Field
 from rewardd.verifiers.base import InvalidReference, Outcome, Sample, Verifier, VerifierParams
 from rewardd.verifiers.math.answer import Node, Unparseable, describe, parse
 from rewardd.verifiers.math.compare import Options, PercentMode, equivalent
+from rewardd.verifiers.math.answer import NumberLeaf, TextLeaf
+from rewardd.verifiers.math.prose import comma_is_decimal
 from rewardd.verifiers.math.several import boxes_together, decimal_comma
 from rewardd.verifiers.math.extract import (choice_letter, clean_answer, extract_answer, extract_choice,
-                                            reference_answer)
+                                            reference_answer, text_span)
 
 _CACHE_SIZE = 8192
 _CHOICE_REFERENCE = re.compile(r"^(?:\\text\{\s*)?\(?\s*([A-E])\s*\)?(?:\s*\})?$")
@@ -33,6 +35,16 @@ class MathParams(VerifierParams):
     bare last line of mathematics, a closing "... is 34.", the last ``$..$``, the last
     numeric expression. ``boxed``: only ``\\boxed{}``/``\\fbox{}``. ``none``: the whole
     completion is the answer."""
+    extraction: Literal["strict", "standard", "lenient"] = "standard"
+    """How much free text ``extract: auto`` reads as an answer (issue 31), reported as
+    ``detail.extraction``. ``strict``: a box or an explicit final-answer phrase ("the answer
+    is", an "Answer:"/"Final Answer" line, ``####``) only. ``standard`` (default, for RL):
+    every ``auto`` rule, but the last number of free text is no answer when the completion
+    states several candidates (a number right after another, or after "or": ``16 8``,
+    ``3 or 4``) or ends in non-answer text (a sentence
+    of words after it): the readings a hedging policy would farm. ``lenient``: the last
+    number anywhere (before issue 31, the only reading). ``extract: boxed`` and ``none``
+    ignore it and report themselves."""
     boxed: Literal["last", "all"] = "last"
     """``last``: the last box is the answer, except where the reference has several parts
     (``2, 3``, ``\\{(1,2),(2,1)\\}``, ``k=45, n=2``) and the last box one: then the boxes are
@@ -58,9 +70,11 @@ class MathParams(VerifierParams):
     written."""
     decimal_comma: bool = False
     """``true``: an answer or reference that is one number with one comma between digits
-    (``2,74``, ``-0{,}5``) is a decimal, 2.74, as written in much of Europe. ``false``
-    (default): such a comma separates a list (``1,5`` is 1 and 5) or thousands (``1,000``),
-    so a list is never read as a decimal by accident."""
+    (``2,74``, ``-0{,}5``, even ``1,000``) is a decimal, as written in much of Europe.
+    ``false`` (default): a comma that cannot group thousands (not followed by exactly three
+    digits, or after ``0`` or four digits: ``2,74``, ``1000,99``, ``0,111``) is a decimal
+    comma when the other side is one number, and separates a list when the other side is a
+    list; ``1,000`` groups thousands; ``1, 5`` (a space) is a list."""
 
     def options(self) -> Options:
         percent = self.percent or ("either" if self.mode == "lenient" else "fraction")
@@ -87,6 +101,12 @@ def _verdict(reference: str, prediction: str, options: Options) -> tuple[bool, s
     return equivalent(ref, pred, options)
 
 
+def _reading(params: MathParams) -> str:
+    """``detail.extraction``: the reading used (``strict``/``standard``/``lenient`` under
+    ``extract: auto``; else ``boxed`` or ``none``)."""
+    return params.extraction if params.extract == "auto" else params.extract
+
+
 def clear_caches() -> None:
     """Forget every parsed answer and verdict (benchmarks measure cold parsing with it)."""
     _parsed.cache_clear()
@@ -102,6 +122,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
+    revision = "13"
     deterministic = True
     description = ("1.0 if the final answer (after </think>: last \\boxed{}, 'the answer is', "
                    "'Answer:' line, a closing '... is 34.', last $...$, or last number; a "
@@ -145,21 +166,33 @@ class MathVerifier(Verifier):
         if isinstance(parsed_reference, str):
             raise InvalidReference(f"math verifier could not parse the reference answer "
                                    f"{ref_text[:200]!r}: {parsed_reference}")
-        found = extract_answer(sample.completion, params.extract, params.boxed)
+        found = extract_answer(sample.completion, params.extract, params.boxed, params.extraction)
         answer, rule = found.answer, str(found.rule)
         if rule == "boxed" and params.boxed == "last":
             together = boxes_together(sample.completion, parsed_reference,
                                       lambda text: _parsed(text, params.max_digits))
             if together is not None:
                 answer, rule = together, "boxes_together"
+        if (answer is None and isinstance(parsed_reference, TextLeaf) and params.extract == "auto"
+                and params.extraction != "strict"):
+            answer = text_span(sample.completion)  # $odd$ against \text{odd}: words are it
+            rule = "text_span" if answer is not None else rule
         if answer is not None and params.decimal_comma:
             answer = decimal_comma(answer)
+        elif answer is not None:  # a comma that cannot group thousands, against one number
+            if comma_is_decimal(answer) and isinstance(parsed_reference, NumberLeaf):
+                answer = decimal_comma(answer)
+            elif comma_is_decimal(ref_text) and isinstance(_parsed(answer, params.max_digits),
+                                                           NumberLeaf):
+                ref_text = decimal_comma(ref_text)
+                parsed_reference = _parsed(ref_text, params.max_digits)
         detail: dict[str, Any] = {
             "extracted": None if answer is None else answer[:200],
             "rule": rule,
             "parsed_prediction": None,
             "parsed_reference": describe(parsed_reference),
             "decided_by": None,
+            "extraction": _reading(params),
         }
         if answer is None:
             return Outcome.success(0.0, **detail)
@@ -175,12 +208,13 @@ class MathVerifier(Verifier):
 
     @staticmethod
     def _choice(sample: Sample, letter: str, params: MathParams) -> Outcome:
-        found = extract_answer(sample.completion, params.extract, params.boxed)
+        found = extract_answer(sample.completion, params.extract, params.boxed, params.extraction)
         chosen = extract_choice(sample.completion, found)
         return Outcome.success(1.0 if chosen == letter else 0.0,
                                extracted=None if found.answer is None else found.answer[:200],
                                rule=found.rule, parsed_prediction=chosen,
-                               parsed_reference=letter, decided_by="choice")
+                               parsed_reference=letter, decided_by="choice",
+                               extraction=_reading(params))
 
 
 __all__ = ["MathParams", "MathVerifier", "choice_letter", "clear_caches"]
