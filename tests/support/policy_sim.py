@@ -2,6 +2,10 @@
 scored by the real pipeline (real math and regex verifiers, in process) and turned into step
 statistics by the record's own :func:`~rewardd.service.stepstats.batch_stats`.
 
+The training math verifier reads leniently (``extraction: lenient``: a last number of free
+text is an answer), the setting whose farming the ``lenient_fallback`` signal is for (the
+default, ``standard``, refuses most of that exploit's completions outright).
+
 A clean run learns slowly (its accuracy rises from 35% to 60%) with noise in everything: the
 answers, the lengths, an occasional unboxed answer, a polite closing on 10% of completions,
 a judge score with noise. An exploit run is the same policy with a share of its rollouts
@@ -30,7 +34,7 @@ POLITE = "Hope this helps!"
 WORDS = ("so", "we", "add", "the", "terms", "then", "divide", "both", "sides", "by", "two",
          "check", "that", "it", "works", "note", "first", "next", "carry", "one")
 
-REWARDS = [{"name": "correct", "verifier": "math"},
+REWARDS = [{"name": "correct", "verifier": "math", "params": {"extraction": "lenient"}},
            {"name": "polite", "verifier": "regex", "weight": 0.5,
             "params": {"pattern": "Hope this helps"}}]
 AUDIT = [{"name": "strict", "verifier": "math", "rate": 0.25, "params": {"extract": "boxed"}}]
