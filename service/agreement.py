@@ -14,6 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+def is_reward(value: Any) -> bool:
+    """Whether an answer's reward field holds a finite number (not null, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 MIN_PAIRS = 3
 """Fewer pairs give no correlation (two points always correlate perfectly)."""
 
@@ -101,4 +107,4 @@ def combined(parts: Sequence[Agreement]) -> Agreement:
                      mean(lambda p: p.audit_mean))
 
 
-__all__ = ["Agreement", "combined", "MIN_PAIRS", "pearson", "ranks", "spearman"]
+__all__ = ["Agreement", "combined", "is_reward", "MIN_PAIRS", "pearson", "ranks", "spearman"]

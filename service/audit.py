@@ -19,12 +19,11 @@ the same bytes with or without audit: the audit is added to the finished answer.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from rewardd.advantages.table import FlatBatch
-from rewardd.service.agreement import Agreement
+from rewardd.service.agreement import Agreement, is_reward
 from rewardd.service.models import AuditSpec
 from rewardd.service.records.recorder import sampled
 from rewardd.workers.executor import CallResult, VerifyCall
@@ -94,14 +93,10 @@ def apply(body: dict[str, Any], specs: Sequence[AuditSpec], audits: Sequence[Aud
                 counts[name][1] += 1
                 continue
             training = rollout.get("reward")
-            if _number(training) and _number(outcome.reward):
+            if is_reward(training) and is_reward(outcome.reward):
                 pairs[name].append((float(training), float(outcome.reward)))
     body["summary"]["audit"] = {spec.name: _report(spec, counts[spec.name], pairs[spec.name])
                                 for spec in specs}
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _report(spec: AuditSpec, counts: list[int], pairs: list[tuple[float, float]]

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from rewardd.service.agreement import Agreement
+from rewardd.service.agreement import Agreement, is_reward
 from rewardd.verifiers.math.hedging import candidates
 
 TAIL_CHARS = 64
@@ -58,8 +58,6 @@ class ComponentSums:
     weight: float
     n: int = 0
     total: float = 0.0
-    with_reward: float = 0.0
-    """Sum of component reward x combined reward (their covariance, for a later use)."""
 
 
 @dataclass(slots=True)
@@ -121,7 +119,6 @@ class StepStats:
             mine = self.components.setdefault(name, ComponentSums(part.weight))
             mine.n += part.n
             mine.total += part.total
-            mine.with_reward += part.with_reward
         for source, (n, total) in other.sources.items():
             mine_source = self.sources.setdefault(source, [0, 0.0])
             mine_source[0] += n
@@ -142,7 +139,7 @@ class StepStats:
     def to_document(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in self.__slots__
                                if name != "components" and not name.startswith("_")}
-        out["components"] = {name: [c.weight, c.n, c.total, c.with_reward]
+        out["components"] = {name: [c.weight, c.n, c.total]
                              for name, c in self.components.items()}
         return out
 
@@ -235,10 +232,6 @@ class StepStats:
 
 # ---- from a scored batch ----------------------------------------------------------------------
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def batch_stats(groups: Sequence[Any], body: Mapping[str, Any],
                 weights: Mapping[str, float]) -> StepStats:
     """The :class:`StepStats` of one scored batch: ``groups`` the request's, ``body`` the
@@ -263,7 +256,7 @@ def _add_rollout(stats: StepStats, rollout: Any, item: Mapping[str, Any],
                  tails: dict[str, set[str]]) -> None:
     stats.rollouts += 1
     reward = item.get("reward")
-    if not _number(reward):
+    if not is_reward(reward):
         return
     stats.rewarded += 1
     stats.reward_sum += reward
@@ -272,7 +265,7 @@ def _add_rollout(stats: StepStats, rollout: Any, item: Mapping[str, Any],
     counts[0] += 1
     counts[1] += reward
     length = item.get("num_tokens")
-    if _number(length):
+    if is_reward(length):
         stats.lengths += 1
         stats.length_sum += length
         stats.length_squares += length * length
@@ -281,7 +274,7 @@ def _add_rollout(stats: StepStats, rollout: Any, item: Mapping[str, Any],
         stats.length_reward_squares += reward * reward
     rewards = item.get("rewards") or {}
     scored = {name: rewards.get(name) for name in weights}
-    if weights and all(_number(value) for value in scored.values()):
+    if weights and all(is_reward(value) for value in scored.values()):
         stats.complete += 1
         stats.complete_sum += reward
         stats.complete_squares += reward * reward
@@ -289,9 +282,8 @@ def _add_rollout(stats: StepStats, rollout: Any, item: Mapping[str, Any],
             part = stats.components.setdefault(name, ComponentSums(float(weights[name])))
             part.n += 1
             part.total += value
-            part.with_reward += value * reward
     for name, verdict in (item.get("audit") or {}).items():
-        if verdict.get("ok") and _number(verdict.get("reward")):
+        if verdict.get("ok") and is_reward(verdict.get("reward")):
             pairs = stats.audit.setdefault(name, [])
             if len(pairs) < MAX_AUDIT_PAIRS:
                 pairs.append([float(reward), float(verdict["reward"])])
@@ -302,7 +294,7 @@ def _add_rollout(stats: StepStats, rollout: Any, item: Mapping[str, Any],
     if candidates(completion) > 1:
         stats.hedged += 1
     if any((entry.get("detail") or {}).get("rule") in LENIENT_RULES
-           and _number(rewards.get(name)) and rewards[name] > 0
+           and is_reward(rewards.get(name)) and rewards[name] > 0
            for name, entry in (item.get("status") or {}).items()):
         stats.lenient += 1
     tails.setdefault(tail_of(completion), set()).add(prompt)

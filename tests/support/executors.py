@@ -71,3 +71,17 @@ class InlineExecutor(GatedExecutor):
             for index, result in enumerate(results):
                 on_call_done(index, result)
         return results
+
+
+class CountingInlineExecutor(InlineExecutor):
+    """:class:`InlineExecutor` that notes how many calls each ``run`` got: one executor run
+    per batch, with what rides beside it (canaries, audits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[int] = []
+
+    async def run(self, calls: Sequence[VerifyCall], progress: Any = None,
+                  on_call_done: Any = None) -> list[CallResult]:
+        self.runs.append(len(calls))
+        return await super().run(calls, progress, on_call_done)

@@ -24,7 +24,7 @@ from rewardd.service.models import ScoreRequest, ScoreResponse
 from rewardd.service.records.recorder import batch_rows
 from rewardd.service.records.store import ROW_COLUMNS
 from rewardd.service.settings import Settings
-from tests.support.executors import InlineExecutor
+from tests.support.executors import CountingInlineExecutor, InlineExecutor
 
 STRICT = {"name": "strict", "verifier": "math", "params": {"extract": "boxed"}}
 
@@ -134,16 +134,7 @@ def test_a_component_that_audited_nothing_still_reports() -> None:
 
 
 def test_audit_calls_ride_in_the_batch_executor_run() -> None:
-    class Counting(InlineExecutor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.runs: list[int] = []
-
-        async def run(self, calls: Any, progress: Any = None, on_call_done: Any = None) -> Any:
-            self.runs.append(len(calls))
-            return await super().run(calls, progress, on_call_done)
-
-    executor = Counting()
+    executor = CountingInlineExecutor()
     score(body(groups=2, canaries=False), executor)
     assert executor.runs == [2 + 2]  # the batch's two calls and one audit call per group
 

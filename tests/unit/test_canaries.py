@@ -29,7 +29,7 @@ from rewardd.verifiers.code import runtimes
 from rewardd.verifiers.code import sandbox as sandbox_module
 from rewardd.verifiers.code.settings import sandbox_settings
 from rewardd.verifiers.math.verifier import MathVerifier
-from tests.support.executors import InlineExecutor
+from tests.support.executors import CountingInlineExecutor, InlineExecutor
 from tests.support.judge_server import JudgeServer
 
 ADD = {"tests": {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]}}
@@ -271,16 +271,7 @@ def test_the_run_record_keeps_the_batch_report_on_its_first_rollout() -> None:
 def test_canaries_ride_in_the_batch_executor_run_and_not_in_its_progress() -> None:
     """One executor run per batch (one fair-queue flow, one round trip), and a job's
     progress counts the batch's checks only."""
-    class Counting(InlineExecutor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.runs: list[int] = []
-
-        async def run(self, calls: Any, progress: Any = None, on_call_done: Any = None) -> Any:
-            self.runs.append(len(calls))
-            return await super().run(calls, progress, on_call_done)
-
-    executor, done = Counting(), []
+    executor, done = CountingInlineExecutor(), []
     req = body({"answer": "42"}, ["\\boxed{42}", "1", "2"], groups=2, canaries={"rate": 1.0})
     out = asyncio.run(pipeline.score(req, executor, Settings(), progress=done.append))
     assert executor.runs == [2 + 2]  # the batch's 2 calls and 2 canaries, together
