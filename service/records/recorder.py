@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import threading
+from collections import OrderedDict
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -33,8 +34,9 @@ from rewardd.verifiers.receipts import digest
 
 log = logging.getLogger(__name__)
 
-MAX_WATCHED_RUNS = 10_000
-"""Runs whose active alerts a process remembers (the least recently written go first)."""
+MAX_WATCHED_RUNS = 1_000
+"""Runs per tenant whose active alerts a process remembers (the tenant's least recently
+written go first: one tenant's many runs never push out another's)."""
 
 MAX_KEPT_RUNS = 256
 """A rollout's per-token advantages are kept in its summary (``advantages``: run-length
@@ -58,7 +60,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._store: RecordStore | None = None
         self._writer: RecordWriter | None = None
-        self._active: dict[tuple[str, str], list[sentinel.Alert]] = {}
+        self._active: dict[str, OrderedDict[str, list[sentinel.Alert]]] = {}
+        """Tenant -> run -> the alerts that held at the run's newest written step."""
 
     @property
     def enabled(self) -> bool:
@@ -132,17 +135,22 @@ class Recorder:
             newly, active = sentinel.latest(series)
             for alert in newly:
                 metrics.count_sentinel_alert(alert.signal)
-            with self._lock:
-                self._active.pop((tenant, run_id), None)
-                self._active[tenant, run_id] = active
-                while len(self._active) > MAX_WATCHED_RUNS:
-                    self._active.pop(next(iter(self._active)))
+            self.remember(tenant, run_id, active)
+
+    def remember(self, tenant: str, run_id: str, active: list[sentinel.Alert]) -> None:
+        """Keep ``active`` as the run's alerts, within :data:`MAX_WATCHED_RUNS` per tenant."""
+        with self._lock:
+            runs = self._active.setdefault(tenant, OrderedDict())
+            runs[run_id] = active
+            runs.move_to_end(run_id)
+            while len(runs) > MAX_WATCHED_RUNS:
+                runs.popitem(last=False)
 
     def active_alerts(self, tenant: str, run_id: str) -> list[sentinel.Alert] | None:
         """The alerts that held at the run's newest written step (None: not looked at in
         this process)."""
         with self._lock:
-            return self._active.get((tenant, run_id))
+            return self._active.get(tenant, {}).get(run_id)
 
     def count_dropped(self, reason: str, rollouts: int) -> None:
         """Count ``rollouts`` the record could not keep (``rewardd_records_dropped_total``)."""

@@ -176,6 +176,24 @@ def test_a_malformed_audit_is_refused_naming_the_field(spec: dict, loc: list, wo
     assert found and words in found[0]["msg"], answer.json()
 
 
+def test_more_audit_components_than_the_bound_are_refused_before_any_check() -> None:
+    """At most MAX_AUDIT_COMPONENTS (8): each multiplies a batch's checks, so the bound is
+    checked with the body, before anything runs."""
+    from rewardd.service.models import MAX_AUDIT_COMPONENTS
+    from tests.support.executors import RefusingExecutor
+
+    request = body(audit_specs=[]).model_dump(mode="json")
+    request["audit"] = [{**STRICT, "name": f"a{i}", "rate": 0.5}
+                        for i in range(MAX_AUDIT_COMPONENTS + 1)]
+    executor = RefusingExecutor()
+    with TestClient(create_app(Settings(), executor=executor)) as client:
+        answer = client.post("/v1/score", json=request)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "audit"]
+    assert "at most 8" in answer.json()["detail"][0]["msg"]
+    assert executor.run_calls == 0
+
+
 def test_duplicate_audit_names_are_refused() -> None:
     request = body(audit_specs=[]).model_dump(mode="json")
     request["audit"] = [{**STRICT, "rate": 0.5}, {**STRICT, "rate": 0.2}]

@@ -88,3 +88,20 @@ def test_step_statistics_merge_exactly() -> None:
     assert merged.reward_sum == a.reward_sum + b.reward_sum
     assert len(merged.audit["strict"]) == len(a.audit["strict"]) + len(b.audit["strict"])
     assert merged.to_document() == StepStats.from_document(merged.to_document()).to_document()
+
+
+def test_remembered_alerts_are_bounded_per_tenant() -> None:
+    """What a process keeps for summary.sentinel: at most MAX_WATCHED_RUNS runs a tenant, its
+    least recently written going first; a tenant with many runs never pushes out another's."""
+    from rewardd.service.records.recorder import MAX_WATCHED_RUNS, Recorder
+    from rewardd.service.settings import Settings
+
+    recorder = Recorder(Settings(record_runs=False))
+    held = [sentinel.Alert("hedging", 20, 18, 0.3, 0.1, "hedged")]
+    recorder.remember("quiet", "run", held)
+    for i in range(MAX_WATCHED_RUNS + 5):
+        recorder.remember("busy", f"run-{i}", [])
+    assert recorder.active_alerts("quiet", "run") == held
+    assert recorder.active_alerts("busy", "run-0") is None  # its oldest went
+    assert recorder.active_alerts("busy", f"run-{MAX_WATCHED_RUNS + 4}") == []
+    assert recorder.active_alerts("other", "run") is None
