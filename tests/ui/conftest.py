@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.support.server import ServerFailed, server_process
 
@@ -120,6 +121,10 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
+GUARD_MS = int(GUARD_S * 1000)
+"""Playwright's waits (actions, navigation, `expect`), the same guard (its defaults are 5 to
+30 s)."""
+
 FAILED_LOAD = re.compile(r"^Failed to load resource: the server responded with a status of "
                          r"(\d+)")
 
@@ -163,6 +168,10 @@ def page(browser: Any, inspector: Inspector, problems: Problems) -> Iterator[Any
     context = browser.new_context(viewport={"width": 1400, "height": 1000},
                                   base_url=inspector.url)
     tab = context.new_page()
+    # waits are guards against a hang, never a bound on speed: a loaded CI machine may take
+    # seconds to draw what takes milliseconds here
+    tab.set_default_timeout(GUARD_MS)
+    expect.set_options(timeout=GUARD_MS)
     tab.on("console", problems.console)
     tab.on("pageerror", lambda e: problems.errors.append(f"pageerror: {e}"))
     yield tab
